@@ -1,0 +1,105 @@
+"""One typed settings object for the whole service, read from ``CHUNLIAN_*`` env vars.
+
+Validated where it is created: a bad value fails start-up with a ``ConfigError`` that says
+which setting, what was expected and what arrived.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from chunlian.errors import ConfigError
+
+DEFAULT_WARMUP = (
+    "新春", "平安", "发财", "福", "吉祥", "如意",
+    "春回大地千山秀", "一帆风顺年年好", "天增岁月人增寿", "爆竹声声辞旧岁", "生意兴隆通四海",
+)
+
+
+class Settings(BaseSettings):
+    """Service settings; every field maps to ``CHUNLIAN_<NAME>`` (case-insensitive)."""
+
+    model_config = SettingsConfigDict(env_prefix="CHUNLIAN_", extra="ignore", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    model_path: Path | None = None  # None: the weights shipped in the package
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    torch_threads: int = Field(0, ge=0, le=256)  # 0: pick by layout (see engine.runner)
+
+    batching: Literal["continuous", "static"] = "continuous"
+    max_batch_size: int = Field(64, ge=1, le=1024)
+    max_wait_ms: float = Field(5.0, ge=0, le=10_000)
+    max_queue_size: int = Field(1024, ge=1, le=1_000_000)
+    default_timeout_ms: int = Field(10_000, ge=10, le=600_000)
+    bulk_min_share: float = Field(0.125, ge=0.0, le=1.0)  # slots bulk gets even under interactive load
+
+    cache_size: int = Field(100_000, ge=0)
+    cache_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    redis_url: str | None = None
+    broker_url: str | None = None
+    job_result_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    job_soft_time_limit_s: float = Field(30.0, gt=0)
+    job_hard_time_limit_s: float = Field(60.0, gt=0)
+    api_keys: str = ""  # comma-separated; empty: job endpoints are open
+
+    body_limit_bytes: int = Field(1_000_000, ge=1024)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    warmup: tuple[str, ...] = DEFAULT_WARMUP
+    instance_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _check_url(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"expected a redis:// or rediss:// URL, got {v!r}")
+        return v
+
+    @field_validator("warmup", mode="before")
+    @classmethod
+    def _split_warmup(cls, v: object) -> object:
+        if isinstance(v, str):
+            return tuple(s.strip() for s in v.split(",") if s.strip())
+        return v
+
+    @property
+    def api_key_set(self) -> frozenset[str]:
+        return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        try:
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            return "cpu"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build settings from the environment plus ``overrides`` (CLI flags); never raises
+    pydantic errors, only ``ConfigError`` naming each bad setting."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        s = Settings(**clean)  # type: ignore[arg-type]
+    except ValidationError as e:
+        parts = []
+        for err in e.errors():
+            name = ".".join(str(x) for x in err["loc"]) or "settings"
+            parts.append(f"CHUNLIAN_{name.upper()}: {err['msg']} (got {err.get('input')!r})")
+        raise ConfigError("invalid configuration: " + "; ".join(parts)) from None
+    if s.job_hard_time_limit_s <= s.job_soft_time_limit_s:
+        raise ConfigError(
+            f"CHUNLIAN_JOB_HARD_TIME_LIMIT_S must exceed the soft limit "
+            f"({s.job_soft_time_limit_s}), got {s.job_hard_time_limit_s}"
+        )
+    return s

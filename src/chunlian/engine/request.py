@@ -1,0 +1,92 @@
+"""Plain data the scheduler and the runner exchange (no torch, no I/O).
+
+A ``CoupletRequest`` becomes one ``SeqSpec`` per candidate (``n`` of them): each is one
+sequence in one KV-cache slot, from prompt to the last 下联 character. A composed couplet
+is one sequence too: it writes the 上联 after its forced head, then the 下联.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chunlian.text import is_han
+from chunlian.types import CoupletRequest
+
+_SEED_MIX = 0x9E3779B1
+
+
+@dataclass(frozen=True)
+class SeqSpec:
+    """One sequence to generate."""
+
+    seq_id: int
+    style: str
+    upper: str | None  # the whole 上联, or None when composing
+    upper_len: int
+    upper_forced: dict[int, str] = field(default_factory=dict)
+    lower_forced: dict[int, str] = field(default_factory=dict)
+    upper_banned: frozenset[str] = frozenset()
+    greedy: bool = True
+    seed: int = 0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    register: str = "modern"
+
+    @property
+    def prompt_chars(self) -> str:
+        """Characters fed at prefill after the prefix: the 上联, or a composed one's head."""
+        if self.upper is not None:
+            return self.upper
+        head = ""
+        while len(head) in self.upper_forced:
+            head += self.upper_forced[len(head)]
+        return head
+
+    @property
+    def total_steps(self) -> int:
+        """Tokens this sequence will emit (prefill's first one included)."""
+        if self.upper is not None:
+            return self.upper_len
+        return 2 * self.upper_len + 1 - len(self.prompt_chars)  # the SEP is emitted too
+
+
+@dataclass(frozen=True)
+class SeqOutput:
+    """A finished sequence: its lines and mean log-probability per emitted Han character."""
+
+    seq_id: int
+    upper: str
+    lower: str
+    logprob_mean: float
+
+
+def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
+    """The sequences for a request: ``n`` candidates (candidate 0 greedy when unseeded)."""
+    p = req.params
+    specs: list[SeqSpec] = []
+    for c in range(p.n):
+        greedy = p.seed is None and c == 0
+        seed = ((p.seed or 0) * _SEED_MIX + c) & 0x7FFFFFFF
+        common = dict(
+            seq_id=first_seq_id + c, style=req.style, greedy=greedy, seed=seed,
+            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+        )
+        if req.upper is not None:
+            specs.append(SeqSpec(upper=req.upper, upper_len=len(req.upper), **common))  # type: ignore[arg-type]
+            continue
+        length = req.length or 7
+        if req.heads:
+            upper_forced = {0: req.heads[0]}
+            lower_forced = {0: req.heads[1]} if len(req.heads) > 1 else {}
+            banned = frozenset(ch for ch in req.heads[1:] if is_han(ch))
+        else:
+            kw = req.keyword or ""
+            upper_forced = dict(enumerate(kw))
+            lower_forced = {}
+            banned = frozenset()
+        specs.append(
+            SeqSpec(upper=None, upper_len=length, upper_forced=upper_forced,
+                    lower_forced=lower_forced, upper_banned=banned, **common)  # type: ignore[arg-type]
+        )
+    return specs

@@ -1,0 +1,264 @@
+"""The model runner: the only torch code of the engine.
+
+Slot-based KV cache with ``capacity`` rows. Live sequences always occupy rows
+``0 .. n_live-1`` (a finished or released sequence's row is filled by moving the last live
+row into it), so a decode step attends over a plain slice of the cache, with no gather.
+
+* ``prefill(specs)``: one padded, masked forward over the new prompts (right padding,
+  per-row lengths), written into rows ``n_live ..``; each new sequence emits its first token.
+* ``decode()``: one token for every live row, each at its own position.
+Both apply the couplet rules (``model.decoding``) as batched logit masks and return the
+sequences that finished during the call; finished sequences leave at once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from chunlian.data.blocklist import Blocklist
+from chunlian.engine.request import SeqOutput, SeqSpec
+from chunlian.model.checkpoint import LoadedModel, load_weights
+from chunlian.model.decoding import Constrainer, LineState
+from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
+from chunlian.model.transformer import KVCache
+
+BLOCKLIST_PATH = Path(__file__).resolve().parent.parent / "resources" / "blocklist.txt"
+DEFAULT_TONE_BIAS = 2.0
+
+
+@dataclass
+class _Row:
+    spec: SeqSpec
+    state: LineState
+    next_id: int  # token to feed at the next decode step
+    next_pos: int
+    next_role: int
+    logprob_sum: float = 0.0
+    n_scored: int = 0
+    pending_sep: bool = False
+    gen: torch.Generator | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class ModelRunner:
+    """Runs prefill and decode steps for up to ``capacity`` concurrent sequences."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        capacity: int,
+        device: str = "cpu",
+        blocklist: Blocklist | None = None,
+        tone_bias: float = DEFAULT_TONE_BIAS,
+    ) -> None:
+        self.loaded = loaded
+        self.model = loaded.model.to(device).eval()
+        self.tok = loaded.tokenizer
+        self.device = torch.device(device)
+        self.capacity = capacity
+        self.cfg = self.model.cfg
+        self.cache = KVCache(self.cfg, capacity, self.device, torch.float32)
+        self.blocklist = blocklist or Blocklist.from_file(BLOCKLIST_PATH)
+        self.constrainer = Constrainer(self.tok, self.blocklist, self.device)
+        self.tone_bias = tone_bias
+        self.rows: list[_Row] = []
+        self.tokens_emitted = 0
+
+    @classmethod
+    def from_path(cls, path: Path | None, capacity: int, device: str = "cpu") -> ModelRunner:
+        return cls(load_weights(path, device), capacity, device)
+
+    @property
+    def n_live(self) -> int:
+        return len(self.rows)
+
+    def live_ids(self) -> list[int]:
+        return [r.spec.seq_id for r in self.rows]
+
+    # ---- slot management -------------------------------------------------------------
+    def release(self, seq_ids: set[int] | list[int]) -> None:
+        """Free the rows of these sequences (cancelled, dropped); unknown ids are ignored."""
+        drop = set(seq_ids)
+        i = 0
+        while i < len(self.rows):
+            if self.rows[i].spec.seq_id in drop:
+                self._remove_row(i)
+            else:
+                i += 1
+
+    def _remove_row(self, i: int) -> None:
+        last = len(self.rows) - 1
+        if i != last:
+            self.cache.move_row(last, i)
+            self.rows[i] = self.rows[last]
+        self.rows.pop()
+
+    # ---- steps -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]:
+        """Admit new sequences (at most the free rows) and emit their first token."""
+        if not specs:
+            return []
+        if len(specs) > self.capacity - self.n_live:
+            raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
+        tok = self.tok
+        prompts: list[list[int]] = []
+        roles: list[list[int]] = []
+        new_rows: list[_Row] = []
+        for s in specs:
+            chars = s.prompt_chars
+            ids = tok.prefix(s.style, s.register) + tok.encode(chars)
+            rl = [0] * PREFIX_LEN + [upper_role(i) for i in range(len(chars))]
+            if s.upper is not None:
+                ids.append(tok.sep_id)
+                rl.append(lower_role(0))
+                state = LineState(style=s.style, upper=s.upper, upper_len=s.upper_len, phase="lower")
+            else:
+                state = LineState(
+                    style=s.style, upper=chars, upper_len=s.upper_len, phase="upper",
+                    upper_forced=s.upper_forced, lower_forced=s.lower_forced, upper_banned=s.upper_banned,
+                )
+            prompts.append(ids)
+            roles.append(rl)
+            gen = None
+            if not s.greedy:
+                gen = torch.Generator(device="cpu").manual_seed(s.seed)
+            new_rows.append(_Row(s, state, 0, 0, 0, gen=gen))
+        B = len(prompts)
+        T = max(len(p) for p in prompts)
+        lens = torch.tensor([len(p) for p in prompts])
+        idx = torch.full((B, T), tok.pad_id, dtype=torch.long)
+        role = torch.zeros((B, T), dtype=torch.long)
+        for b, (p, r) in enumerate(zip(prompts, roles, strict=True)):
+            idx[b, : len(p)] = torch.tensor(p)
+            role[b, : len(r)] = torch.tensor(r)
+        pos = torch.arange(T).expand(B, T)
+        key_ok = pos < lens[:, None]  # [B, T]
+        mask = torch.ones(T, T, dtype=torch.bool).tril()[None] & key_ok[:, None, :]  # [B, T, T]
+        # a padded query row attends to at least itself, keeping softmax finite
+        mask |= torch.eye(T, dtype=torch.bool)[None]
+        row0 = self.n_live
+        dev = self.device
+        logits = self.model(
+            idx.to(dev), pos.to(dev), role.to(dev), mask.to(dev), self.cache, row0=row0,
+            select=(lens - 1).to(dev),
+        )  # [B, V]
+        for b, row in enumerate(new_rows):
+            row.next_pos = int(lens[b])
+        self.rows.extend(new_rows)
+        return self._emit(logits, new_rows)
+
+    @torch.inference_mode()
+    def decode(self) -> list[SeqOutput]:
+        """One token for every live sequence."""
+        if not self.rows:
+            return []
+        B = len(self.rows)
+        dev = self.device
+        idx = torch.tensor([[r.next_id] for r in self.rows], device=dev)
+        pos_list = [r.next_pos for r in self.rows]
+        pos = torch.tensor(pos_list, device=dev)
+        role = torch.tensor([[r.next_role] for r in self.rows], device=dev)
+        S = max(pos_list) + 1
+        mask = (torch.arange(S, device=dev)[None, :] <= pos[:, None])[:, None, :]  # [B, 1, S]
+        logits = self.model(idx, pos[:, None], role, mask, self.cache, cache_pos=pos)[:, 0]  # [B, V]
+        for r in self.rows:
+            r.next_pos += 1
+        return self._emit(logits, list(self.rows))
+
+    # ---- token choice --------------------------------------------------------------------
+    def _emit(self, logits: Tensor, rows: list[_Row]) -> list[SeqOutput]:
+        """Apply the rules, choose one token per row, advance states, retire finished rows."""
+        tok = self.tok
+        sep_rows = [b for b, r in enumerate(rows) if r.pending_sep]
+        states = [r.state for r in rows]
+        mask, bias, forced = self.constrainer.build(states, self.tone_bias)
+        logits = logits.float() + bias
+        logits = logits.masked_fill(~mask, float("-inf"))
+        logp = torch.log_softmax(logits, dim=-1)  # [B, V] renormalised over allowed tokens
+        choice = logp.argmax(dim=-1)
+        sampled = [b for b, r in enumerate(rows) if r.gen is not None and forced[b] is None]
+        if sampled:
+            choice = choice.clone()
+            for b in sampled:
+                choice[b] = self._sample(logits[b], rows[b])
+        chosen_lp = logp.gather(1, choice[:, None])[:, 0].tolist()
+        choice_l = choice.tolist()
+        finished: list[SeqOutput] = []
+        for b, r in enumerate(rows):
+            self.tokens_emitted += 1
+            if b in sep_rows:  # the composed 上联 is complete: feed the separator next
+                r.pending_sep = False
+                r.next_id, r.next_role = tok.sep_id, lower_role(0)
+                continue
+            f = forced[b]
+            ch = f if f is not None else tok.itos[choice_l[b]]
+            was_upper = r.state.phase == "upper"
+            if f is None:
+                r.logprob_sum += chosen_lp[b]
+                r.n_scored += 1
+            if was_upper:
+                r.next_role = upper_role(len(r.state.upper))
+            else:
+                r.next_role = lower_role(len(r.state.lower) + 1)
+            r.state.push(ch)
+            r.next_id = tok.stoi.get(ch, tok.unk_id)
+            if was_upper and r.state.phase == "lower":
+                r.pending_sep = True
+        done = [i for i, r in enumerate(self.rows) if r.state.done]
+        for i in reversed(done):
+            r = self.rows[i]
+            finished.append(
+                SeqOutput(r.spec.seq_id, r.state.upper, r.state.lower,
+                          r.logprob_sum / max(1, r.n_scored))
+            )
+            self._remove_row(i)
+        return finished
+
+    def _sample(self, logits: Tensor, row: _Row) -> int:
+        s = row.spec
+        x = logits / max(s.temperature, 1e-4)
+        if s.top_k and s.top_k < x.numel():
+            kth = torch.topk(x, s.top_k).values[-1]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if s.top_p < 1.0:
+            sorted_x, order = torch.sort(x, descending=True)
+            cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
+            cut = cum - torch.softmax(sorted_x, dim=-1) > s.top_p
+            sorted_x = sorted_x.masked_fill(cut, float("-inf"))
+            x = torch.full_like(x, float("-inf")).scatter(0, order, sorted_x)
+        probs = torch.softmax(x, dim=-1).cpu()
+        if not math.isfinite(float(probs.sum())):
+            return int(torch.argmax(logits))
+        return int(torch.multinomial(probs, 1, generator=row.gen))
+
+    # ---- offline helper ----------------------------------------------------------------
+    def run_all(self, specs: list[SeqSpec]) -> dict[int, SeqOutput]:
+        """Generate every spec, admitting new ones as rows free up (CLI, eval, warm-up)."""
+        pending = list(specs)
+        out: dict[int, SeqOutput] = {}
+        while pending or self.rows:
+            free = self.capacity - self.n_live
+            if pending and free:
+                batch, pending = pending[:free], pending[free:]
+                for o in self.prefill(batch):
+                    out[o.seq_id] = o
+            for o in self.decode():
+                out[o.seq_id] = o
+        return out
+
+
+def pick_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
+def time_ms() -> float:
+    return time.perf_counter() * 1000.0

@@ -1,0 +1,1 @@
+"""The couplet model: tokenizer, transformer, checkpoint, rule-guided decoding, 横批."""

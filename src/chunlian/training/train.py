@@ -1,0 +1,225 @@
+"""Train the couplet model on the prepared corpora (CPU here, ``cuda`` when present).
+
+Batches are drawn from (register, line length) buckets, so a batch holds sequences of one
+length and needs no padding. Loss: 1.0 on 下联 characters and EOS, ``upper_weight`` on 上联
+characters (the model also writes upper lines for 藏头 couplets), 0 on the forced SEP.
+Checkpoints (model, optimiser, step, RNG) are written every ``ckpt_every`` steps and the
+run resumes from the last one; an fp16 safetensors export is refreshed at each checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from chunlian.data.corpus import Pair, read_pairs
+from chunlian.model.checkpoint import save_weights
+from chunlian.model.styles import derive_style
+from chunlian.model.tokenizer import Tokenizer, sequence_roles
+from chunlian.model.transformer import CoupletTransformer, ModelConfig
+
+
+@dataclass
+class TrainConfig:
+    data_dir: str = "runs/data"
+    out_dir: str = "runs/train"
+    export_path: str = "runs/train/latest.safetensors"
+    max_steps: int = 4500
+    batch_pairs: int = 128
+    lr_max: float = 1.5e-3
+    lr_min: float = 1e-4
+    warmup_steps: int = 200
+    weight_decay: float = 0.1
+    classical_share: float = 0.3  # share of batches drawn from the classical register
+    upper_weight: float = 0.5
+    eval_every: int = 250
+    ckpt_every: int = 250
+    eval_pairs: int = 1000
+    seed: int = 1234
+    device: str = "cpu"
+    bf16: bool = False  # no AVX-512/AMX on this CPU: bf16 is emulated and slow
+    n_layer: int = 6
+    n_head: int = 6
+    d_model: int = 192
+    d_ff: int = 768
+
+
+def encode_batch(
+    tok: Tokenizer, pairs: list[Pair], styles: list[str], upper_weight: float, device: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Same-length pairs -> (idx, pos, role, targets, weights), each ``[B, 2n+4]``."""
+    n = len(pairs[0].upper)
+    rows = []
+    for p, s in zip(pairs, styles, strict=True):
+        rows.append(
+            tok.prefix(s, p.register) + tok.encode(p.upper) + [tok.sep_id] + tok.encode(p.lower)
+            + [tok.eos_id]
+        )
+    seq = torch.tensor(rows, dtype=torch.long)  # [B, 2n+5]
+    idx, tgt = seq[:, :-1], seq[:, 1:]
+    T = idx.shape[1]
+    pos = torch.arange(T).expand_as(idx)
+    role = torch.tensor(sequence_roles(n, n)).expand_as(idx)
+    w = torch.zeros(T)
+    w[2 : 2 + n] = upper_weight  # targets u_0..u_{n-1}
+    w[3 + n :] = 1.0  # targets l_0..l_{n-1}, EOS
+    weights = w.expand_as(idx).clone()
+    weights[tgt == tok.unk_id] = 0.0
+    return idx.to(device), pos.to(device), role.to(device), tgt.to(device), weights.to(device)
+
+
+def weighted_loss(logits: Tensor, tgt: Tensor, weights: Tensor) -> Tensor:
+    ce = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
+    return (ce * weights.flatten()).sum() / weights.sum().clamp_min(1.0)
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr_max * (step + 1) / cfg.warmup_steps
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    return cfg.lr_min + 0.5 * (cfg.lr_max - cfg.lr_min) * (1 + math.cos(math.pi * frac))
+
+
+class Buckets:
+    """Pairs grouped by (register, length), sampled by weight; one bucket per batch."""
+
+    def __init__(self, pairs: list[Pair], classical_share: float, rng: random.Random) -> None:
+        self.rng = rng
+        self.groups: dict[tuple[str, int], list[tuple[Pair, str]]] = {}
+        for p in pairs:
+            key = (p.register, len(p.upper))
+            self.groups.setdefault(key, []).append((p, derive_style(p.upper, p.lower, p.register)))
+        self.keys = sorted(self.groups)
+        tot = {r: sum(len(g) for (rr, _), g in self.groups.items() if rr == r) for r in ("modern", "classical")}
+        share = {"modern": 1.0 - classical_share, "classical": classical_share}
+        if tot["classical"] == 0:
+            share = {"modern": 1.0, "classical": 0.0}
+        self.weights = [share[r] * len(self.groups[(r, n)]) / max(1, tot[r]) for r, n in self.keys]
+
+    def sample(self, batch_pairs: int) -> tuple[list[Pair], list[str]]:
+        key = self.rng.choices(self.keys, weights=self.weights)[0]
+        group = self.groups[key]
+        # Long lines get fewer pairs per batch: keep tokens per batch roughly constant.
+        n = key[1]
+        k = min(len(group), max(16, batch_pairs * 7 // max(7, n)))
+        picked = self.rng.sample(group, k)
+        return [p for p, _ in picked], [s for _, s in picked]
+
+
+@torch.no_grad()
+def evaluate_loss(
+    model: CoupletTransformer, tok: Tokenizer, val: list[Pair], cfg: TrainConfig
+) -> float:
+    """Mean 下联+EOS cross-entropy on ``val`` (upper weight 0: the served task)."""
+    model.eval()
+    by_len: dict[int, list[Pair]] = {}
+    for p in val:
+        by_len.setdefault(len(p.upper), []).append(p)
+    tot, cnt = 0.0, 0.0
+    for group in by_len.values():
+        for i in range(0, len(group), 256):
+            chunk = group[i : i + 256]
+            styles = [derive_style(p.upper, p.lower, p.register) for p in chunk]
+            idx, pos, role, tgt, w = encode_batch(tok, chunk, styles, 0.0, cfg.device)
+            with torch.autocast(cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = model(idx, pos, role)
+            ce = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
+            tot += float((ce * w.flatten()).sum())
+            cnt += float(w.sum())
+    model.train()
+    return tot / max(cnt, 1.0)
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
+    """Train (or resume) and export; returns a summary with losses and timing."""
+    from tqdm import tqdm
+
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    train_pairs = read_pairs(Path(cfg.data_dir) / "train.tsv")
+    val_pairs = read_pairs(Path(cfg.data_dir) / "val.tsv")
+    val_eval = random.Random(cfg.seed).sample(val_pairs, min(cfg.eval_pairs, len(val_pairs)))
+    ckpt_path = out / "ckpt.pt"
+    state = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path.exists() else None
+    if state is not None:
+        tok = Tokenizer(state["vocab"])
+    else:
+        tok = Tokenizer.build(p.upper + p.lower for p in train_pairs)
+    mcfg = ModelConfig(len(tok), cfg.n_layer, cfg.n_head, cfg.d_model, cfg.d_ff)
+    model = CoupletTransformer(mcfg).to(cfg.device)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr_max, betas=(0.9, 0.95),
+    )
+    rng = random.Random(cfg.seed)
+    step, history, elapsed_s = 0, [], 0.0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, history, elapsed_s = state["step"], state["history"], state["elapsed_s"]
+        rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+    buckets = Buckets(train_pairs, cfg.classical_share, rng)
+    model.train()
+    t0 = time.perf_counter() - elapsed_s
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=not progress, desc="train", smoothing=0.05)
+    device_type = cfg.device.split(":")[0]
+
+    def checkpoint() -> None:
+        tmp = out / "ckpt.pt.tmp"
+        torch.save(
+            {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+             "history": history, "elapsed_s": time.perf_counter() - t0, "rng": rng.getstate(),
+             "torch_rng": torch.get_rng_state(), "vocab": tok.itos, "train_cfg": asdict(cfg)},
+            tmp,
+        )
+        os.replace(tmp, ckpt_path)
+        save_weights(Path(cfg.export_path), model, tok, version=f"step{step}",
+                     extra={"train_cfg": json.dumps(asdict(cfg))})
+
+    loss_ema = None
+    while step < cfg.max_steps:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        pairs, styles = buckets.sample(cfg.batch_pairs)
+        idx, pos, role, tgt, w = encode_batch(tok, pairs, styles, cfg.upper_weight, cfg.device)
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = model(idx, pos, role)
+        loss = weighted_loss(logits, tgt, w)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        lv = loss.item()
+        loss_ema = lv if loss_ema is None else 0.98 * loss_ema + 0.02 * lv
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_ema:.3f}", lr=f"{lr_at(step, cfg):.2e}")
+        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+            vl = evaluate_loss(model, tok, val_eval, cfg)
+            history.append({"step": step, "train_loss_ema": round(loss_ema, 4), "val_loss": round(vl, 4),
+                            "elapsed_s": round(time.perf_counter() - t0, 1)})
+            bar.write(json.dumps(history[-1]))
+        if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
+            checkpoint()
+    bar.close()
+    summary = {
+        "steps": step, "params": model.num_params(), "vocab": len(tok),
+        "train_pairs": len(train_pairs), "val_pairs": len(val_pairs),
+        "elapsed_s": round(time.perf_counter() - t0, 1), "history": history,
+        "torch_threads": torch.get_num_threads(), "device": cfg.device,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return summary

@@ -1,0 +1,83 @@
+"""Type aliases and plain value objects shared across the package (no torch, no I/O)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Style = Literal["traditional", "business", "family", "literary"]
+Priority = Literal["interactive", "bulk"]
+BatchingMode = Literal["continuous", "static"]
+
+DEFAULT_SAMPLING_TEMPERATURE = 0.8
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """How to decode. ``seed is None and n == 1`` means greedy (deterministic, cacheable);
+    a seed or ``n > 1`` means sampling with ``temperature``/``top_k``/``top_p`` and reranking."""
+
+    n: int = 1
+    seed: int | None = None
+    temperature: float = DEFAULT_SAMPLING_TEMPERATURE
+    top_k: int = 50
+    top_p: float = 0.95
+
+    @property
+    def greedy(self) -> bool:
+        return self.seed is None and self.n == 1
+
+
+@dataclass(frozen=True)
+class CoupletRequest:
+    """One generation request: a 下联 for ``upper``, or (compose) a whole couplet.
+
+    Compose: ``heads`` (one or two characters opening the two lines, a name) or ``keyword``
+    (the 上联 begins with it), with ``length`` 5 or 7. Exactly one of upper/heads/keyword.
+    Text fields are already validated and normalised (``chunlian.text``).
+    """
+
+    style: str = "traditional"
+    upper: str | None = None
+    heads: str | None = None
+    keyword: str | None = None
+    length: int | None = None
+    params: DecodeParams = field(default_factory=DecodeParams)
+    priority: Priority = "interactive"
+    timeout_s: float | None = None  # None: the engine's default
+
+    @property
+    def kind(self) -> str:
+        return "couplet" if self.upper is not None else "compose"
+
+    def identity(self) -> str:
+        """A stable hash of everything that determines the output (coalescing, caching)."""
+        material = {
+            "upper": self.upper, "heads": self.heads, "keyword": self.keyword,
+            "length": self.length, "style": self.style, "params": asdict(self.params),
+        }
+        blob = json.dumps(material, ensure_ascii=False, sort_keys=True)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Couplet:
+    upper: str
+    lower: str
+    hengpi: str
+    style: str
+    score: float = 0.0  # mean log-likelihood plus rule score; higher is better
+
+    def as_dict(self) -> dict[str, object]:
+        return {"upper": self.upper, "lower": self.lower, "hengpi": self.hengpi, "style": self.style}
+
+
+@dataclass(frozen=True)
+class CoupletResult:
+    """The engine's answer: the best couplet and, when n > 1, all candidates best first."""
+
+    best: Couplet
+    candidates: tuple[Couplet, ...] = ()
+    model: str = ""
