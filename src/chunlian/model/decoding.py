@@ -75,7 +75,8 @@ class LineState:
             i = len(self.upper)
             if i in self.upper_forced:
                 return self.upper_forced[i], set(), WANT_NONE, False
-            banned = set(blocklist.banned_next(self.upper)) | set(self.upper_banned)
+            # a composed 上联 repeats no character: repeats read as stutter, not as wordplay
+            banned = set(blocklist.banned_next(self.upper)) | set(self.upper_banned) | set(self.upper)
             hard_ze = i == self.upper_len - 1
             return None, banned, WANT_ZE if hard_ze else WANT_NONE, hard_ze
         j = len(self.lower)

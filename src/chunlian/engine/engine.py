@@ -1,0 +1,375 @@
+"""The async engine: ``await engine.generate(request)`` for the API and the job workers.
+
+The model runs on one dedicated engine thread (torch releases the GIL inside its kernels,
+so the event loop stays responsive); the event loop only queues requests and awaits
+futures. Every request's future is completed on every path: result, error, deadline,
+cancellation, overload and shutdown.
+
+    event loop                         engine thread
+    generate() ──submit──▶ inbox ──▶ Scheduler.plan() ─▶ ModelRunner.prefill/decode
+        ▲                                     │ finished sequences → rerank, 横批
+        └──── call_soon_threadsafe(set_result/set_exception) ◀──┘
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chunlian.config import Settings
+from chunlian.engine.request import SeqOutput, SeqSpec, expand
+from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
+from chunlian.errors import (
+    Cancelled, ChunlianError, DeadlineExceeded, EngineStopped, InvalidInput, ModelError, Overloaded,
+)
+from chunlian.model.rerank import build_result
+from chunlian.types import CoupletRequest, CoupletResult
+
+log = logging.getLogger("chunlian.engine")
+
+
+class Runner(Protocol):
+    """What the engine needs of a model runner (``ModelRunner`` or a fake in tests)."""
+
+    capacity: int
+    tokens_emitted: int
+
+    def prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
+    def decode(self) -> list[SeqOutput]: ...
+    def release(self, seq_ids: set[int] | list[int]) -> None: ...
+
+
+class HengpiChooser(Protocol):
+    def choose(self, upper: str, lower: str, style: str, seed: int | None = None) -> str: ...
+
+
+@dataclass
+class EngineStats:
+    """Plain counters, read by the metrics collector at scrape time."""
+
+    queue_depth: int = 0
+    running: int = 0
+    max_queue_size: int = 0
+    completed: int = 0
+    failed: int = 0
+    deadline_drops: int = 0
+    rejected: int = 0
+    coalesced: int = 0
+    cancelled: int = 0
+    tokens_total: int = 0
+    steps_total: int = 0
+    prefill_total: int = 0
+
+
+@dataclass(frozen=True)
+class StepReport:
+    batch_size: int
+    step_s: float
+    tokens: int
+
+
+@dataclass
+class _Pending:
+    req_id: int
+    request: CoupletRequest
+    specs: list[SeqSpec]
+    future: asyncio.Future[CoupletResult]
+    identity: str | None
+    waiters: int = 1
+    outputs: list[SeqOutput] = field(default_factory=list)
+
+
+class Engine:
+    """Continuous (or static) batching over a slot KV cache; see the module docstring."""
+
+    def __init__(
+        self, settings: Settings, runner: Runner, hengpi: HengpiChooser | None = None,
+        model_tag: str = "chunlian-couplet@dev",
+    ) -> None:
+        if settings.max_batch_size > runner.capacity:
+            raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {settings.max_batch_size}")
+        self.settings = settings
+        self.runner = runner
+        self.hengpi = hengpi
+        self.model_tag = model_tag
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
+            max_queue_size=settings.max_queue_size, batching=settings.batching,
+            bulk_min_share=settings.bulk_min_share,
+        ))
+        self.stats = EngineStats(max_queue_size=settings.max_queue_size)
+        self._cv = threading.Condition()
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._pending: dict[int, _Pending] = {}  # req_id -> pending (engine-side registry)
+        self._seq_owner: dict[int, int] = {}
+        self._inflight: dict[str, _Pending] = {}  # identity -> pending (event-loop side)
+        self._ids = itertools.count(1)
+        self._seq_ids = itertools.count(1)
+        self._done_times: deque[float] = deque(maxlen=512)
+        self._listeners: list[Callable[[StepReport], None]] = []
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._failure: BaseException | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Engine:
+        """Load the model named by ``settings`` and build an engine around it."""
+        import torch
+
+        from chunlian.engine.runner import ModelRunner
+        from chunlian.model.checkpoint import load_weights
+        from chunlian.model.hengpi import HengpiSelector
+
+        threads = settings.torch_threads or 1
+        torch.set_num_threads(threads)
+        device = settings.resolved_device()
+        loaded = load_weights(settings.model_path, device)
+        runner = ModelRunner(loaded, capacity=settings.max_batch_size, device=device)
+        return cls(settings, runner, HengpiSelector.from_loaded(loaded), loaded.tag)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="chunlian-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Stop the loop; every pending request fails with ``EngineStopped``."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+        self._fail_all(EngineStopped("engine stopped"))
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def add_step_listener(self, fn: Callable[[StepReport], None]) -> None:
+        self._listeners.append(fn)
+
+    def drain_rate_per_s(self) -> float:
+        """Requests completed per second over the recent window (0 when unknown)."""
+        now = time.monotonic()
+        recent = [t for t in self._done_times if now - t <= 10.0]
+        if len(recent) < 2:
+            return 0.0
+        return len(recent) / max(now - recent[0], 1e-3)
+
+    def retry_after_s(self) -> float:
+        rate = self.drain_rate_per_s()
+        depth = self.scheduler.queue_depth
+        return min(60.0, max(1.0, depth / rate)) if rate > 0 else 1.0
+
+    # ---- the public call ------------------------------------------------------------------------
+    async def generate(self, req: CoupletRequest) -> CoupletResult:
+        """Generate a couplet; raises Overloaded, DeadlineExceeded, Cancelled, EngineStopped."""
+        if not self.running or self._loop is None:
+            raise EngineStopped("engine is not running")
+        if req.params.n > self.settings.max_batch_size:
+            raise InvalidInput(f"n must be at most {self.settings.max_batch_size}", "n")
+        timeout_s = req.timeout_s if req.timeout_s is not None else self.settings.default_timeout_ms / 1000
+        identity = req.identity()
+        pending = self._inflight.get(identity)
+        if pending is not None and not pending.future.done():
+            pending.waiters += 1
+            self.stats.coalesced += 1
+        else:
+            pending = self._submit(req, identity, timeout_s)
+        try:
+            # The scheduler enforces the deadline; the extra second only guards against a
+            # stuck engine so that no caller ever waits for ever.
+            return await asyncio.wait_for(asyncio.shield(pending.future), timeout_s + 1.0)
+        except TimeoutError:
+            self._cancel(pending)
+            raise DeadlineExceeded(f"no answer within {timeout_s:.3f} s") from None
+        except asyncio.CancelledError:
+            self._cancel(pending)
+            raise
+
+    def _submit(self, req: CoupletRequest, identity: str, timeout_s: float) -> _Pending:
+        assert self._loop is not None
+        req_id = next(self._ids)
+        specs = expand(req, next(self._seq_ids))
+        for _ in range(len(specs) - 1):
+            next(self._seq_ids)
+        now = time.monotonic()
+        fut: asyncio.Future[CoupletResult] = self._loop.create_future()
+        pending = _Pending(req_id, req, specs, fut, identity)
+        sr = SchedRequest(req_id, req.priority, len(specs), now, now + timeout_s)
+        with self._cv:
+            try:
+                self.scheduler.add(sr)
+            except QueueFull:
+                self.stats.rejected += 1
+                raise Overloaded(
+                    f"queue full ({self.settings.max_queue_size} waiting)", self.retry_after_s()
+                ) from None
+            self._pending[req_id] = pending
+            for s in specs:
+                self._seq_owner[s.seq_id] = req_id
+            self.stats.queue_depth = self.scheduler.queue_depth
+            self._cv.notify()
+        self._inflight[identity] = pending
+        fut.add_done_callback(lambda _f: self._forget(identity, pending))
+        return pending
+
+    def _forget(self, identity: str, pending: _Pending) -> None:
+        if self._inflight.get(identity) is pending:
+            del self._inflight[identity]
+
+    def _cancel(self, pending: _Pending) -> None:
+        """A caller went away; the request is cancelled when its last waiter has gone."""
+        pending.waiters -= 1
+        if pending.waiters > 0 or pending.future.done():
+            return
+        with self._cv:
+            self.scheduler.cancel(pending.req_id)
+            self._cv.notify()
+
+    # ---- the engine thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    if self._stopping:
+                        return
+                    plan = self.scheduler.plan(time.monotonic())
+                    self.stats.queue_depth = self.scheduler.queue_depth
+                    if not plan.has_work and not (plan.expired or plan.cancelled or plan.release):
+                        self._cv.wait(timeout=plan.idle_wait_s if plan.idle_wait_s is not None else 0.5)
+                        continue
+                    admitted = [self._pending[i] for i in plan.prefill if i in self._pending]
+                self._drop(plan.expired, DeadlineExceeded("deadline passed while queued"), "deadline")
+                self._drop(plan.cancelled, Cancelled("request cancelled"), "cancel")
+                self._release(plan.release)
+                if plan.has_work:
+                    self._step(admitted, plan.decode)
+        except BaseException as e:  # engine failure: complete every pending future
+            log.exception("engine loop failed")
+            self._failure = e
+            self._fail_all(EngineStopped(f"engine failed: {type(e).__name__}"))
+        finally:
+            self._stopping = True
+
+    def _step(self, admitted: list[_Pending], decode: bool) -> None:
+        t0 = time.perf_counter()
+        tokens0 = self.runner.tokens_emitted
+        finished: list[SeqOutput] = []
+        batch = self.scheduler.live_seqs
+        try:
+            if admitted:
+                finished += self.runner.prefill([s for p in admitted for s in p.specs])
+                self.stats.prefill_total += len(admitted)
+            if decode:
+                finished += self.runner.decode()
+        except Exception as e:  # a failed step fails the requests in it, not the engine
+            log.exception("model step failed")
+            # every live row took part in the batched step: fail those requests only
+            self._release(list(self.scheduler.running), ModelError(f"generation failed: {type(e).__name__}"))
+            return
+        dt = time.perf_counter() - t0
+        tokens = self.runner.tokens_emitted - tokens0
+        self.stats.steps_total += 1
+        self.stats.tokens_total += tokens
+        for fn in self._listeners:
+            try:
+                fn(StepReport(batch, dt, tokens))
+            except Exception:  # a metrics hook must never take the engine down
+                log.exception("step listener failed")
+        self._collect(finished)
+        self.stats.running = self.scheduler.live_seqs
+
+    def _collect(self, finished: list[SeqOutput]) -> None:
+        for out in finished:
+            req_id = self._seq_owner.pop(out.seq_id, None)
+            p = self._pending.get(req_id) if req_id is not None else None
+            if p is None:
+                continue
+            p.outputs.append(out)
+            with self._cv:
+                done = self.scheduler.on_seqs_finished(p.req_id, 1)
+            if not done:
+                continue
+            self._pending.pop(p.req_id, None)
+            try:
+                result = build_result(p.request, p.outputs, self.hengpi, self.model_tag)
+            except ChunlianError as e:
+                self._complete(p, error=e)
+            except Exception as e:  # an error in one request completes only its future
+                log.exception("post-processing failed")
+                self._complete(p, error=ModelError(f"post-processing failed: {type(e).__name__}"))
+            else:
+                self._done_times.append(time.monotonic())
+                self._complete(p, result=result)
+
+    def _drop(self, req_ids: list[int], error: ChunlianError, kind: str) -> None:
+        for rid in req_ids:
+            p = self._pending.pop(rid, None)
+            if p is None:
+                continue
+            for s in p.specs:
+                self._seq_owner.pop(s.seq_id, None)
+            if kind == "deadline":
+                self.stats.deadline_drops += 1
+            self._complete(p, error=error)
+
+    def _release(self, req_ids: list[int], error: ChunlianError | None = None) -> None:
+        """Free the slots of running requests (cancelled, past deadline, or failed)."""
+        for rid in req_ids:
+            p = self._pending.pop(rid, None)
+            with self._cv:
+                self.scheduler.fail_running(rid)
+            if p is None:
+                continue
+            self.runner.release([s.seq_id for s in p.specs])
+            for s in p.specs:
+                self._seq_owner.pop(s.seq_id, None)
+            if error is not None:
+                err = error
+            elif p.waiters <= 0:
+                err = Cancelled("request cancelled")
+            else:
+                err = DeadlineExceeded("deadline passed while generating")
+                self.stats.deadline_drops += 1
+            self._complete(p, error=err)
+
+    def _complete(self, p: _Pending, result: CoupletResult | None = None, error: BaseException | None = None) -> None:
+        if error is not None:
+            if isinstance(error, Cancelled):
+                self.stats.cancelled += 1
+            else:
+                self.stats.failed += 1
+        else:
+            self.stats.completed += 1
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def settle() -> None:
+            if p.future.done():
+                return
+            if error is not None:
+                p.future.set_exception(error)
+                p.future.exception()  # mark retrieved: a cancelled caller may never await it
+            else:
+                p.future.set_result(result)  # type: ignore[arg-type]
+
+        loop.call_soon_threadsafe(settle)
+
+    def _fail_all(self, error: ChunlianError) -> None:
+        with self._cv:
+            pending = list(self._pending.values())
+            self._pending.clear()
+            self._seq_owner.clear()
+        for p in pending:
+            self._complete(p, error=error)

@@ -1,0 +1,197 @@
+"""The batch scheduler: plain Python, no torch, no I/O, no clock of its own.
+
+It is handed the time (``now_s``) and returns the next step's plan as a dataclass; it is
+then told which sequences finished. Units are requests (admitted whole: a request with
+``n`` candidates needs ``n`` free slots) and sequences (one KV-cache slot each).
+
+Admission rules
+  * Slots: at most ``max_batch_size`` live sequences.
+  * Max wait: when nothing is running, the first waiting request waits at most
+    ``max_wait_ms`` for companions; a full batch's worth of waiting sequences starts at once.
+  * Continuous mode: waiting requests join the running batch at the next step; finished
+    sequences leave at once. Static mode: nothing joins until the running batch is empty.
+  * Deadlines count queue time: a waiting request whose deadline passed is dropped before it
+    reaches the model (``expired``); a running one is released (``release``).
+  * Cancellation: a cancelled waiting request is dropped; a running one frees its slots.
+  * Priorities: interactive first, FIFO within a class. Bulk fills what interactive leaves
+    free, and whenever bulk work waits it may hold up to ``bulk_min_share`` of the slots
+    (at least one) even while interactive work waits, so bulk is never starved for ever and
+    interactive keeps at least ``1 - bulk_min_share`` of the engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from chunlian.types import BatchingMode, Priority
+
+
+@dataclass
+class SchedRequest:
+    """The scheduler's view of one request."""
+
+    req_id: int
+    priority: Priority
+    n_seqs: int
+    arrival_s: float
+    deadline_s: float
+    cancelled: bool = False
+    remaining: int = 0  # sequences not yet finished, once admitted
+
+
+@dataclass
+class StepPlan:
+    """What the engine does next. ``idle_wait_s`` is set only when there is nothing to run."""
+
+    prefill: list[int] = field(default_factory=list)  # request ids to admit now
+    decode: bool = False  # run one decode step over the live sequences
+    expired: list[int] = field(default_factory=list)  # waiting, deadline passed: fail, never run
+    cancelled: list[int] = field(default_factory=list)  # waiting, cancelled: fail, never run
+    release: list[int] = field(default_factory=list)  # running, cancelled or past deadline
+    idle_wait_s: float | None = None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.prefill or self.decode)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch_size: int = 64
+    max_wait_ms: float = 5.0
+    max_queue_size: int = 1024
+    batching: BatchingMode = "continuous"
+    bulk_min_share: float = 0.125
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_queue_size < 1:
+            raise ValueError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
+        if not 0.0 <= self.bulk_min_share <= 1.0:
+            raise ValueError(f"bulk_min_share must be in [0, 1], got {self.bulk_min_share}")
+
+
+class QueueFull(Exception):
+    """Raised by ``add`` when the waiting queue holds ``max_queue_size`` requests."""
+
+
+class Scheduler:
+    """Decides admission, batching and dropping; see the module docstring for the rules."""
+
+    def __init__(self, cfg: SchedulerConfig) -> None:
+        self.cfg = cfg
+        self.waiting: dict[Priority, deque[SchedRequest]] = {"interactive": deque(), "bulk": deque()}
+        self.running: dict[int, SchedRequest] = {}
+        self.live_seqs = 0
+        self.live_bulk_seqs = 0
+        self._by_id: dict[int, SchedRequest] = {}
+
+    # ---- inputs --------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting["interactive"]) + len(self.waiting["bulk"])
+
+    def add(self, req: SchedRequest) -> None:
+        """Queue a request; raises ``QueueFull`` past ``max_queue_size``."""
+        if req.n_seqs > self.cfg.max_batch_size:
+            raise ValueError(f"request needs {req.n_seqs} slots, max_batch_size is {self.cfg.max_batch_size}")
+        if self.queue_depth >= self.cfg.max_queue_size:
+            raise QueueFull()
+        self.waiting[req.priority].append(req)
+        self._by_id[req.req_id] = req
+
+    def cancel(self, req_id: int) -> None:
+        """Mark a request cancelled; it leaves at the next plan. Unknown ids are ignored."""
+        r = self._by_id.get(req_id)
+        if r is not None:
+            r.cancelled = True
+
+    def on_seqs_finished(self, req_id: int, count: int) -> bool:
+        """Record finished sequences of a running request; True when the request is done."""
+        r = self.running.get(req_id)
+        if r is None:
+            return False
+        r.remaining -= count
+        self._free(r, count)
+        if r.remaining <= 0:
+            del self.running[req_id]
+            self._by_id.pop(req_id, None)
+            return True
+        return False
+
+    def fail_running(self, req_id: int) -> None:
+        """Forget a running request whose sequences were released (error, cancel, deadline)."""
+        r = self.running.pop(req_id, None)
+        if r is not None:
+            self._free(r, r.remaining)
+            r.remaining = 0
+            self._by_id.pop(req_id, None)
+
+    def _free(self, r: SchedRequest, count: int) -> None:
+        self.live_seqs -= count
+        if r.priority == "bulk":
+            self.live_bulk_seqs -= count
+
+    # ---- the plan --------------------------------------------------------------------------
+    def plan(self, now_s: float) -> StepPlan:
+        plan = StepPlan()
+        for q in self.waiting.values():
+            kept: deque[SchedRequest] = deque()
+            for r in q:
+                if r.cancelled:
+                    plan.cancelled.append(r.req_id)
+                elif r.deadline_s <= now_s:
+                    plan.expired.append(r.req_id)
+                else:
+                    kept.append(r)
+                    continue
+                self._by_id.pop(r.req_id, None)
+            q.clear()
+            q.extend(kept)
+        for r in list(self.running.values()):
+            if r.cancelled or r.deadline_s <= now_s:
+                plan.release.append(r.req_id)
+                self.fail_running(r.req_id)
+        self._admit(plan, now_s)
+        plan.decode = self.live_seqs > len_of(plan.prefill, self._by_id)
+        if not plan.has_work and self.queue_depth:
+            first = min(q[0].arrival_s for q in self.waiting.values() if q)
+            plan.idle_wait_s = max(0.0, first + self.cfg.max_wait_ms / 1000.0 - now_s)
+        return plan
+
+    def _admit(self, plan: StepPlan, now_s: float) -> None:
+        cap = self.cfg.max_batch_size
+        if self.cfg.batching == "static" and self.live_seqs > 0:
+            return
+        if self.live_seqs == 0 and self.queue_depth:
+            waiting_seqs = sum(r.n_seqs for q in self.waiting.values() for r in q)
+            first = min(q[0].arrival_s for q in self.waiting.values() if q)
+            if waiting_seqs < cap and now_s < first + self.cfg.max_wait_ms / 1000.0:
+                return  # idle: give the first request up to max_wait_ms to gather companions
+        bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
+        reserve = 0
+        if bulk_q:
+            reserve = max(1, math.floor(cap * self.cfg.bulk_min_share)) if self.cfg.bulk_min_share > 0 else 0
+            reserve = max(0, reserve - self.live_bulk_seqs)
+        inter_room = cap - self.live_seqs - reserve
+        self._take(inter_q, inter_room, plan)
+        self._take(bulk_q, cap - self.live_seqs, plan)
+
+    def _take(self, q: deque[SchedRequest], room: int, plan: StepPlan) -> None:
+        while q and q[0].n_seqs <= room:
+            r = q.popleft()
+            r.remaining = r.n_seqs
+            self.running[r.req_id] = r
+            self.live_seqs += r.n_seqs
+            if r.priority == "bulk":
+                self.live_bulk_seqs += r.n_seqs
+            room -= r.n_seqs
+            plan.prefill.append(r.req_id)
+
+
+def len_of(req_ids: list[int], by_id: dict[int, SchedRequest]) -> int:
+    """Sequences belonging to the requests being admitted in this plan."""
+    return sum(by_id[i].n_seqs for i in req_ids if i in by_id)
