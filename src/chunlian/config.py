@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from chunlian.errors import ConfigError
 
@@ -51,7 +52,7 @@ class Settings(BaseSettings):
 
     body_limit_bytes: int = Field(1_000_000, ge=1024)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    warmup: tuple[str, ...] = DEFAULT_WARMUP
+    warmup: Annotated[tuple[str, ...], NoDecode] = DEFAULT_WARMUP  # comma-separated in env
     instance_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
     @field_validator("redis_url", "broker_url")
@@ -91,6 +92,8 @@ def load_settings(**overrides: object) -> Settings:
     clean = {k: v for k, v in overrides.items() if v is not None}
     try:
         s = Settings(**clean)  # type: ignore[arg-type]
+    except SettingsError as e:
+        raise ConfigError(f"invalid configuration: {e}") from None
     except ValidationError as e:
         parts = []
         for err in e.errors():

@@ -100,3 +100,40 @@ def is_printable_text(s: str) -> bool:
         if cat in ("Cc", "Cs", "Co", "Cn"):
             return False
     return True
+
+
+def _han_only(raw: object, field: str, most: int) -> str:
+    if not isinstance(raw, str):
+        raise InvalidInput(f"{field} must be a string", field)
+    text = normalize(raw)
+    if not text:
+        raise InvalidInput(f"{field} is empty", field)
+    if len(text) > most:
+        raise InvalidInput(f"{field} is too long: {len(text)} characters, at most {most}", field)
+    if not all(is_han(ch) for ch in text):
+        raise InvalidInput(f"{field} must be Chinese characters only", field)
+    from chunlian.data.blocklist import default_blocklist
+
+    if default_blocklist().find(text):
+        raise InvalidInput(f"{field} contains a term we do not write", field)
+    return text
+
+
+def validate_heads(raw: object) -> str:
+    """One or two distinct head characters for a 藏头 couplet (a name)."""
+    heads = _han_only(raw, "heads", 2)
+    if len(heads) == 2 and heads[0] == heads[1]:
+        # the 下联 may not repeat a character of the 上联
+        raise InvalidInput("heads must be two different characters", "heads")
+    return heads
+
+
+def validate_keyword(raw: object, length: int) -> str:
+    """A theme keyword of 1-4 characters that the 上联 opens with, shorter than the line."""
+    keyword = _han_only(raw, "keyword", 4)
+    if len(keyword) >= length:
+        raise InvalidInput(
+            f"keyword must be shorter than the line length {length}, got {len(keyword)} characters",
+            "keyword",
+        )
+    return keyword

@@ -9,6 +9,7 @@ classical corpus). Simplified single characters on the list (屌, 婊, 淫, ...)
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from chunlian.text import is_han
@@ -63,3 +64,9 @@ class Blocklist:
             if hit:
                 out |= hit
         return out
+
+
+@lru_cache(maxsize=1)
+def default_blocklist() -> Blocklist:
+    """The blocklist shipped in the package (``resources/blocklist.txt``, MIT)."""
+    return Blocklist.from_file(Path(__file__).resolve().parent.parent / "resources" / "blocklist.txt")

@@ -27,7 +27,13 @@ from chunlian.config import Settings
 from chunlian.engine.request import SeqOutput, SeqSpec, expand
 from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
 from chunlian.errors import (
-    Cancelled, ChunlianError, DeadlineExceeded, EngineStopped, InvalidInput, ModelError, Overloaded,
+    Cancelled,
+    ChunlianError,
+    DeadlineExceeded,
+    EngineStopped,
+    InvalidInput,
+    ModelError,
+    Overloaded,
 )
 from chunlian.model.rerank import build_result
 from chunlian.types import CoupletRequest, CoupletResult

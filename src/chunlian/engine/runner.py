@@ -159,7 +159,6 @@ class ModelRunner:
         """One token for every live sequence."""
         if not self.rows:
             return []
-        B = len(self.rows)
         dev = self.device
         idx = torch.tensor([[r.next_id] for r in self.rows], device=dev)
         pos_list = [r.next_pos for r in self.rows]

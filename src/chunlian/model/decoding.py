@@ -12,7 +12,11 @@ Rules for the 下联 (hard, hold by construction):
   * the last character is 平 (tones 1-2) when the 上联 ends 仄 (3-4). When the last position
     is a repeat of an earlier one, the 平 rule is applied at that earlier position, so the
     repeat rule and the tone rule never conflict;
-  * no blocklisted term is completed (single characters always banned).
+  * no blocklisted term is completed (single characters always banned), including terms
+    completed later by characters the rules will force: choosing 下联[j] also fixes every
+    later repeat of position j, so a window (of blocklist length) that those forced
+    characters complete is checked when its last undetermined character is chosen
+    (``lookahead_banned``); ``banned_next`` alone misses 甲乙 + forced 甲 = 乙甲.
 Soft (biases, tunable): 平仄 opposition at even positions and clause ends (``tone_bias``),
 and the style's lexicon (``style_bias``).
 For a composed 上联: Han characters only, forced head characters, ends 仄, blocklist.
@@ -21,6 +25,8 @@ For a composed 上联: Han characters only, forced head characters, ends 仄, bl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import combinations
 
 import torch
 from torch import Tensor
@@ -32,6 +38,59 @@ from chunlian.text import is_han, tone_class
 
 # which tone to push towards at a position: 0 none, 1 ping, 2 ze
 WANT_NONE, WANT_PING, WANT_ZE = 0, 1, 2
+_WILD = "?"  # the character being chosen, inside a blocklist window key
+
+
+@lru_cache(maxsize=8)
+def _wildcard_index(blocklist: Blocklist) -> dict[str, frozenset[str]]:
+    """Window pattern -> characters completing a term, where ``?`` marks every position
+    holding the chosen character: for term 乙甲, ``?甲`` -> {乙} and ``乙?`` -> {甲}."""
+    index: dict[str, set[str]] = {}
+    for term in blocklist.multi:
+        for ch in set(term):
+            places = [i for i, c in enumerate(term) if c == ch]
+            for r in range(1, len(places) + 1):
+                for subset in combinations(places, r):
+                    key = "".join(_WILD if i in subset else c for i, c in enumerate(term))
+                    index.setdefault(key, set()).add(ch)
+    return {k: frozenset(v) for k, v in index.items()}
+
+
+def lookahead_banned(
+    upper: str, lower: str, lower_forced: dict[int, str], blocklist: Blocklist
+) -> set[str]:
+    """Characters that, chosen for the free 下联 position ``j = len(lower)``, complete a
+    blocked term in any window whose other characters are already fixed: chosen earlier,
+    forced heads, or forced repeats of position j or of earlier positions."""
+    if not blocklist.multi:
+        return set()
+    j = len(lower)
+
+    def resolve(p: int) -> str:  # "" = not determined yet (or punctuation)
+        if not is_han(upper[p]):
+            return ""
+        root = upper.index(upper[p])
+        if root < j:
+            return lower[root]
+        if root == j:
+            return _WILD
+        return lower_forced.get(root, "")
+
+    index = _wildcard_index(blocklist)
+    n = len(upper)
+    copies = [p for p in range(j, n) if upper[p] == upper[j]]
+    windows = {
+        (s, s + size)
+        for p in copies
+        for size in range(2, blocklist.max_len + 1)
+        for s in range(max(0, p - size + 1), min(p, n - size) + 1)
+    }
+    out: set[str] = set()
+    for s, e in windows:
+        chars = [resolve(q) for q in range(s, e)]
+        if "" not in chars:
+            out |= index.get("".join(chars), frozenset())
+    return out
 
 
 def checked_positions(line: str) -> list[int]:
@@ -90,6 +149,7 @@ class LineState:
             return self.lower_forced[j], set(), WANT_NONE, False
         banned = {c for c in u if is_han(c)} | {c for c in self.lower if is_han(c)}
         banned |= blocklist.banned_next(self.lower)
+        banned |= lookahead_banned(u, self.lower, self.lower_forced, blocklist)
         last = len(u) - 1
         # the 平 ending applies here if this position's repeat group contains the last one
         ends_here = u[last] == u[j]
@@ -176,6 +236,11 @@ class Constrainer:
             # keep the rule only where it leaves a choice (vocabulary holes never dead-end)
             keep = restricted.any(dim=1)
             mask[hr[keep]] = restricted[keep]
+        dead = ~mask.any(dim=1)
+        if bool(dead.any()):
+            # no character satisfies every rule (only possible with a tiny vocabulary):
+            # fall back to any Han character rather than emit a special token
+            mask[dead] = self.allowed_han
         style_rows = torch.tensor([self.style_index.get(s.style, len(STYLES)) for s in states])
         bias = self.style_bias[style_rows] + tone_bias * self.tone_tables[want].float()
         for b, f in enumerate(forced):

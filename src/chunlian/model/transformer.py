@@ -126,7 +126,7 @@ class Block(nn.Module):
         cache_pos: Tensor | None,
     ) -> Tensor:
         x = x + self.attn(self.ln1(x), mask, layer, cache, row0, cache_pos)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))  # type: ignore[no-any-return]
 
 
 class CoupletTransformer(nn.Module):

@@ -33,7 +33,7 @@ class TrainConfig:
     data_dir: str = "runs/data"
     out_dir: str = "runs/train"
     export_path: str = "runs/train/latest.safetensors"
-    max_steps: int = 4500
+    max_steps: int = 3400
     batch_pairs: int = 128
     lr_max: float = 1.5e-3
     lr_min: float = 1e-4
@@ -199,7 +199,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
             logits = model(idx, pos, role)
         loss = weighted_loss(logits, tgt, w)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1

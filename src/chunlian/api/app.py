@@ -1,0 +1,65 @@
+"""The FastAPI application factory and its lifespan.
+
+``create_app(settings, engine=None)`` wires the pieces: the runtime (engine, cache,
+metrics, readiness), the routes, the error handlers, the service middleware and the
+campaign page. The lifespan loads the model before the port opens (a broken model fails
+start-up loudly), then starts the engine and warms up in the background: ``/healthz``
+answers at once, ``/readyz`` and the generation endpoints answer 503 until warm-up is done.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.staticfiles import StaticFiles
+
+import chunlian
+from chunlian.api.errors import install_error_handlers
+from chunlian.api.middleware import ServiceMiddleware
+from chunlian.api.routes import WEB_DIR, router
+from chunlian.api.runtime import Runtime
+from chunlian.api.service import EngineLike
+from chunlian.config import Settings
+
+log = logging.getLogger("chunlian.api")
+
+DESCRIPTION = """\
+chunlian writes Spring Festival couplets (春联): give it a 上联 and it writes the 下联 and a
+横批, or give it a name or a keyword and it composes a whole couplet.
+
+Every error has the shape `{"error": {"code", "message", "field"}}`. Every response carries
+`X-Request-Id` (yours, echoed, or a new one) and `X-Chunlian-Instance`.
+"""
+
+
+def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
+    """The service app; ``engine`` (already built, not started) replaces the one from settings."""
+    runtime = Runtime(settings, engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.load()
+        runtime.start_background()
+        try:
+            yield
+        finally:
+            await runtime.shut_down()
+
+    app = FastAPI(
+        title="chunlian", version=chunlian.__version__, description=DESCRIPTION, lifespan=lifespan,
+    )
+    app.state.runtime = runtime
+    app.include_router(router)
+    install_error_handlers(app)
+    if WEB_DIR.is_dir():
+        app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    app.add_middleware(
+        ServiceMiddleware,
+        instance_id=settings.instance_id,
+        body_limit=settings.body_limit_bytes,
+        observe=runtime.metrics.observe_request,
+    )
+    return app

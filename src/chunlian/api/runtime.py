@@ -1,0 +1,115 @@
+"""The live state of one service instance and its start-up / shut-down sequence.
+
+Start-up, in the app's lifespan:
+1. ``load()`` (before the port opens): build the engine from the settings unless one was
+   given; a missing or broken model fails start-up with its message.
+2. ``bring_up()`` (in the background, the port open, ``/readyz`` 503): start the engine,
+   check Redis, run the warm-up, then mark the instance ready.
+Shut-down: not ready, stop the warm-up, stop the engine (pending requests fail with
+``EngineStopped``), close the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from chunlian.api.metrics import ServiceMetrics
+from chunlian.api.service import CoupletService, EngineLike
+from chunlian.api.warmup import warm_local
+from chunlian.cache import RedisStore, ResultCache, build_cache
+from chunlian.config import Settings
+
+log = logging.getLogger("chunlian.api")
+
+
+def _build_engine(settings: Settings) -> EngineLike:
+    from chunlian.engine.engine import Engine
+
+    return Engine.from_settings(settings)
+
+
+class Runtime:
+    """Settings, metrics, cache, engine and readiness of one app instance."""
+
+    def __init__(self, settings: Settings, engine: EngineLike | None = None) -> None:
+        self.settings = settings
+        self.metrics = ServiceMetrics(settings.max_queue_size, redis_configured=bool(settings.redis_url))
+        self.cache: ResultCache = build_cache(
+            settings, on_lookup=self.metrics.on_cache_lookup, on_redis_state=self.metrics.on_redis_state
+        )
+        self.metrics.init_cache_stores(s.name for s in self.cache.stores)
+        self.engine: EngineLike | None = engine
+        self.service: CoupletService | None = None
+        self.ready = False
+        self.failed: str | None = None
+        self._bring_up: asyncio.Task[None] | None = None
+        self._started = False
+
+    @property
+    def model_tag(self) -> str | None:
+        """``name@version`` once the engine exists."""
+        return None if self.engine is None else self.engine.model_tag
+
+    @property
+    def serving(self) -> bool:
+        """Ready, and the engine (when it says) still running: /readyz and the routes use it."""
+        return self.ready and bool(getattr(self.engine, "running", True))
+
+    def set_ready(self, ready: bool) -> None:
+        """Flip readiness (and its gauge)."""
+        self.ready = ready
+        self.metrics.ready.set(1 if ready else 0)
+
+    async def load(self) -> None:
+        """Build the engine from the settings when none was given (off the event loop)."""
+        if self.engine is None:
+            self.engine = await asyncio.to_thread(_build_engine, self.settings)
+        engine = self.engine
+        self.metrics.bind_engine(engine, self.settings.resolved_device())
+        engine.add_step_listener(self.metrics.on_step)
+        self.service = CoupletService(engine, self.cache)
+
+    def start_background(self) -> None:
+        """Run ``bring_up`` as a task; readiness follows it."""
+        self._bring_up = asyncio.get_running_loop().create_task(self.bring_up())
+
+    async def bring_up(self) -> None:
+        """Start the engine, check Redis, warm up, become ready."""
+        assert self.engine is not None and self.service is not None, "load() first"
+        try:
+            self._started = True  # stop() is owed even if start() is interrupted
+            await self.engine.start()
+            for store in self.cache.stores:
+                if isinstance(store, RedisStore) and not await store.check():
+                    log.warning("starting without the Redis cache; it is retried in the background")
+            if self.settings.warmup:
+                await warm_local(self.service, self.settings.warmup)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self.failed = f"{type(e).__name__}: {e}"
+            log.exception("start-up failed; the instance stays not ready")
+            return
+        self.set_ready(True)
+        log.info("ready: model %s, instance %s", self.model_tag, self.settings.instance_id)
+
+    async def wait_ready(self) -> None:
+        """Wait for ``bring_up`` to finish (tests, embedding)."""
+        if self._bring_up is not None:
+            await asyncio.shield(self._bring_up)
+
+    async def shut_down(self) -> None:
+        """Stop taking work, stop the engine, close the cache."""
+        self.set_ready(False)
+        if self._bring_up is not None and not self._bring_up.done():
+            self._bring_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._bring_up
+        if self.engine is not None and self._started:
+            try:
+                await self.engine.stop()
+            except Exception:
+                log.exception("engine stop failed")
+        await self.cache.close()

@@ -1,0 +1,42 @@
+"""``chunlian bench ...`` sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _engine(args: argparse.Namespace) -> int:
+    from chunlian.bench.engine import run
+
+    sweep = [int(x) for x in args.sweep.split(",")] if args.sweep else None
+    report = run(args.model_path, args.max_batch_size, args.requests, args.sequential_requests,
+                 args.threads, sweep, args.device)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        for k, v in report.items():
+            print(f"{k:34s} {v}")
+    return 0
+
+
+def register(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    e = bsub.add_parser("engine", help="sequential vs static vs continuous batching, offline")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--model-path", type=Path, default=None)
+    e.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    e.add_argument("--max-batch-size", type=int, default=128)
+    e.add_argument("--requests", type=int, default=800)
+    e.add_argument("--sequential-requests", type=int, default=100)
+    e.add_argument("--threads", type=int, default=2)
+    e.add_argument("--sweep", default="", help="also a table by max_batch_size, e.g. 1,8,32,128")
+    e.set_defaults(fn=_engine)
+    import importlib.util
+
+    # HTTP load tools (bench/http.py) register their own sub-commands when present
+    if importlib.util.find_spec("chunlian.bench.http") is not None:
+        importlib.import_module("chunlian.bench.http").register(bsub)

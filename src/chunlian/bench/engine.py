@@ -1,0 +1,117 @@
+"""``chunlian bench engine``: the shipped model offline, three batching modes side by side.
+
+All modes run in one process, one after another, on the same fixed mix of real upper
+lines (5 to 12+ characters, ``resources/sample_uppers.txt``), through the real ``Engine``
+(scheduler, engine thread, runner). Every request is submitted at once, so throughput is
+the engine's drain rate: sequences finished per second of wall time.
+
+* sequential: ``max_batch_size = 1`` (no batching)
+* static: request-level batching; a batch runs to completion before the next is admitted
+* continuous: iteration-level batching; finished sequences leave and waiting ones join at
+  every step
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from chunlian.config import load_settings
+from chunlian.engine.engine import Engine
+from chunlian.engine.runner import ModelRunner
+from chunlian.model.checkpoint import LoadedModel, load_weights
+from chunlian.types import CoupletRequest
+
+
+def sample_uppers() -> list[str]:
+    text = resources.files("chunlian.resources").joinpath("sample_uppers.txt").read_text(encoding="utf-8")
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+async def _drive(loaded: LoadedModel, uppers: list[str], batch: int, mode: str, hengpi: Any) -> dict[str, float]:
+    settings = load_settings(max_batch_size=batch, batching=mode, max_wait_ms=0,
+                             max_queue_size=max(len(uppers), 1), default_timeout_ms=600_000)
+    engine = Engine(settings, ModelRunner(loaded, capacity=batch), hengpi, loaded.tag)
+    await engine.start()
+    lat: list[float] = []
+
+    async def one(u: str) -> None:
+        t = time.perf_counter()
+        await engine.generate(CoupletRequest(upper=u))
+        lat.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(u) for u in uppers))
+    wall = time.perf_counter() - t0
+    await engine.stop()
+    steps = engine.stats.steps_total
+    return {
+        "seq_per_s": len(uppers) / wall,
+        "p50_ms": percentile(lat, 50) * 1000,
+        "p99_ms": percentile(lat, 99) * 1000,
+        "wall_s": wall,
+        "mean_batch": engine.stats.tokens_total / max(steps, 1),
+    }
+
+
+def run(
+    model_path: Path | None = None, max_batch_size: int = 128, requests: int = 400,
+    sequential_requests: int = 100, threads: int = 2, sweep: list[int] | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Run the three modes (and an optional batch-size sweep); return one flat report."""
+    import torch
+
+    from chunlian.model.hengpi import HengpiSelector
+
+    torch.set_num_threads(threads)
+    loaded = load_weights(model_path, device)
+    hengpi = HengpiSelector.from_loaded(loaded)
+    pool = sample_uppers()
+    mix = (pool * (requests // len(pool) + 1))[:requests]
+    # distinct requests: repeated lines would be coalesced and flatter the figures
+    mix = [u if i < len(pool) else u + "，" + pool[(i * 7) % len(pool)][:5] for i, u in enumerate(mix)]
+    mix = [u[:32].rstrip("，") for u in mix]
+    seq_mix = mix[:sequential_requests]
+
+    asyncio.run(_drive(loaded, mix[:16], min(16, max_batch_size), "continuous", hengpi))  # warm-up
+    seq = asyncio.run(_drive(loaded, seq_mix, 1, "continuous", hengpi))
+    static = asyncio.run(_drive(loaded, mix, max_batch_size, "static", hengpi))
+    cont = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi))
+    report: dict[str, Any] = {
+        "model": loaded.tag,
+        "requests": len(mix),
+        "sequential_requests": len(seq_mix),
+        "max_batch_size": max_batch_size,
+        "torch_threads": threads,
+        "sequential_seq_per_s": round(seq["seq_per_s"], 1),
+        "static_seq_per_s": round(static["seq_per_s"], 1),
+        "continuous_seq_per_s": round(cont["seq_per_s"], 1),
+        "ratio_continuous_vs_sequential": round(cont["seq_per_s"] / seq["seq_per_s"], 2),
+        "ratio_continuous_vs_static": round(cont["seq_per_s"] / static["seq_per_s"], 2),
+        "p50_ms": round(cont["p50_ms"], 1),
+        "p99_ms": round(cont["p99_ms"], 1),
+        "sequential_p50_ms": round(seq["p50_ms"], 1),
+        "static_p99_ms": round(static["p99_ms"], 1),
+        "continuous_mean_tokens_per_step": round(cont["mean_batch"], 1),
+    }
+    if sweep:
+        table = []
+        for b in sweep:
+            n = sequential_requests if b == 1 else len(mix)
+            r = asyncio.run(_drive(loaded, mix[:n], b, "continuous", hengpi))
+            table.append({"max_batch_size": b, "seq_per_s": round(r["seq_per_s"], 1),
+                          "p50_ms": round(r["p50_ms"], 1), "p99_ms": round(r["p99_ms"], 1),
+                          "requests": n})
+        report["sweep"] = table
+    return report

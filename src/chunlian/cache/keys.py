@@ -1,0 +1,37 @@
+"""Cache keys: ``chunlian:v1:`` + SHA-256 of everything that determines an answer.
+
+Hashed material: the model tag (name and version), the normalised 上联 / heads / keyword,
+the length, the style, the decoding parameters and the seed. Greedy requests hash their
+decoding as just ``greedy`` (temperature and top-k/p do not affect a greedy answer), so
+equivalent requests share one entry. No user text appears in a key name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from chunlian.types import CoupletRequest, DecodeParams
+
+KEY_PREFIX = "chunlian:v1:"
+
+
+def _decoding(params: DecodeParams) -> dict[str, object]:
+    if params.greedy:
+        return {"greedy": True}
+    return {
+        "n": params.n, "seed": params.seed, "temperature": params.temperature,
+        "top_k": params.top_k, "top_p": params.top_p,
+    }
+
+
+def cache_key(model_tag: str, req: CoupletRequest) -> str:
+    """The cache key of ``req`` answered by the model ``model_tag``."""
+    material = {
+        "model": model_tag,
+        "upper": req.upper, "heads": req.heads, "keyword": req.keyword, "length": req.length,
+        "style": req.style,
+        "decoding": _decoding(req.params),
+    }
+    blob = json.dumps(material, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return KEY_PREFIX + hashlib.sha256(blob.encode("utf-8")).hexdigest()

@@ -1,0 +1,291 @@
+"""The ``chunlian`` command line.
+
+Model commands live here; other areas register their own sub-commands through a
+``register(subparsers)`` function in the modules listed in ``PLUGINS`` (bench, jobs,
+cluster), so each area keeps its CLI beside its code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from chunlian.errors import ChunlianError, ConfigError, InvalidInput
+
+PLUGINS = ("chunlian.bench.cli", "chunlian.jobs.cli", "chunlian.cluster.cli")
+EXIT_USAGE = 2
+
+
+def _fail(msg: str) -> int:
+    print(f"chunlian: error: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _dump(obj: Any) -> None:
+    print(json.dumps(obj, ensure_ascii=False))
+
+
+def _result_obj(res: Any) -> dict[str, Any]:
+    out: dict[str, Any] = res.best.as_dict()
+    if res.candidates:
+        out["candidates"] = [c.as_dict() for c in res.candidates]
+    return out
+
+
+def _print_result(res: Any, as_json: bool) -> None:
+    if as_json:
+        _dump(_result_obj(res))
+        return
+    b = res.best
+    print(f"横批  {b.hengpi}\n上联  {b.upper}\n下联  {b.lower}")
+    for i, c in enumerate(res.candidates[1:], start=2):
+        print(f"  #{i} {c.upper} / {c.lower}  [{c.hengpi}]")
+
+
+def _generator(args: argparse.Namespace) -> Any:
+    from chunlian.offline import OfflineGenerator
+
+    return OfflineGenerator.load(args.model_path, args.device, capacity=args.batch_size)
+
+
+# ---- model commands --------------------------------------------------------------------------
+def cmd_generate(args: argparse.Namespace) -> int:
+    from chunlian.offline import couplet_request
+
+    if args.file is None:
+        if not args.upper:
+            return _fail("give an upper line or --file")
+        try:
+            req = couplet_request(args.upper, args.style, args.n, args.seed)
+        except InvalidInput as e:
+            return _fail(e.message)
+        (res,) = _generator(args).generate([req])
+        if isinstance(res, ChunlianError):
+            return _fail(str(res))
+        _print_result(res, args.json)
+        return 0
+    try:
+        from chunlian.offline import check_n, check_style
+
+        check_style(args.style)
+        check_n(args.n)
+    except InvalidInput as e:
+        return _fail(e.message)
+    lines = Path(args.file).read_text(encoding="utf-8").splitlines()
+    if lines and lines[0].split("\t")[0].strip() == "upper":
+        lines = lines[1:]
+    slots: list[Any] = []
+    reqs = []
+    for line in lines:
+        try:
+            reqs.append(couplet_request(line.split("\t")[0], args.style, args.n, args.seed))
+            slots.append(None)
+        except InvalidInput as e:
+            slots.append({"upper": line, "error": e.message})
+    results = iter(_generator(args).generate(reqs)) if reqs else iter(())
+    for slot in slots:
+        if slot is not None:
+            _dump(slot) if args.json else print(f"error: {slot['error']}")
+            continue
+        res = next(results)
+        if isinstance(res, ChunlianError):
+            _dump({"error": str(res)})
+        else:
+            _print_result(res, args.json)
+    return 0
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    from chunlian.offline import compose_request
+
+    try:
+        req = compose_request(args.heads, args.keyword, args.length, args.style, args.n, args.seed)
+    except InvalidInput as e:
+        return _fail(e.message)
+    (res,) = _generator(args).generate([req])
+    if isinstance(res, ChunlianError):
+        return _fail(str(res))
+    _print_result(res, args.json)
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from chunlian.data.corpus import prepare
+
+    stats = prepare(Path(args.data_dir), Path(args.out), args.val_size, args.seed)
+    _dump(stats.as_dict())
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from chunlian.training.train import TrainConfig, train
+
+    cfg = TrainConfig(data_dir=args.data, out_dir=args.out, export_path=args.export)
+    if args.max_steps:
+        cfg.max_steps = args.max_steps
+    cfg.device = args.device if args.device != "auto" else _auto_device()
+    summary = train(cfg, progress=not args.quiet)
+    _dump({k: v for k, v in summary.items() if k != "history"})
+    return 0
+
+
+def _auto_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from chunlian.training.eval_run import run_eval
+
+    report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
+                      args.batch_size, args.tone_bias)
+    if args.json:
+        _dump(report)
+    else:
+        for k, v in report.items():
+            print(f"{k:28s} {v}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from chunlian.api import serve
+    from chunlian.config import load_settings
+
+    overrides = {k: getattr(args, k) for k in ("host", "port", "model_path", "device", "max_batch_size",
+                                                "max_wait_ms", "max_queue_size", "redis_url", "batching",
+                                                "log_level", "torch_threads")}
+    serve(load_settings(**overrides))
+    return 0
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from chunlian.api.warmup import read_warmup_file, warmup_remote
+    from chunlian.config import DEFAULT_WARMUP
+
+    items = read_warmup_file(Path(args.file)) if args.file else list(DEFAULT_WARMUP)
+    t0 = time.perf_counter()
+    report = asyncio.run(warmup_remote(args.url, items))
+    _dump({"items": len(items), "seconds": round(time.perf_counter() - t0, 2), **report.as_dict()})
+    return 1 if getattr(report, "failed", 0) else 0
+
+
+# ---- parser ----------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """Bad usage: one line on stderr naming the problem, exit status 2, nothing on stdout."""
+
+    def error(self, message: str) -> Any:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-path", type=Path, default=None, help="weights (default: shipped)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="chunlian", description="Spring Festival couplets (春联)")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="write the 下联 and 横批 for an upper line")
+    g.add_argument("upper", nargs="?")
+    g.add_argument("--file", help="one upper line per line (or a TSV with an 'upper' column)")
+    g.add_argument("--style", default="traditional")
+    g.add_argument("--n", type=int, default=1)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--json", action="store_true")
+    _model_flags(g)
+    g.set_defaults(fn=cmd_generate)
+
+    c = sub.add_parser("compose", help="a whole personalised couplet (藏头)")
+    grp = c.add_mutually_exclusive_group(required=True)
+    grp.add_argument("--heads", help="one or two characters (a name)")
+    grp.add_argument("--keyword", help="a theme word the upper line begins with")
+    c.add_argument("--length", type=int, default=7)
+    c.add_argument("--style", default="traditional")
+    c.add_argument("--n", type=int, default=1)
+    c.add_argument("--seed", type=int, default=None)
+    c.add_argument("--json", action="store_true")
+    _model_flags(c)
+    c.set_defaults(fn=cmd_compose)
+
+    d = sub.add_parser("data", help="prepare the training data (clean, dedupe, split)")
+    d.add_argument("--data-dir", required=True, help="folder holding couplets/ and safety/")
+    d.add_argument("--out", default="runs/data")
+    d.add_argument("--val-size", type=int, default=2000)
+    d.add_argument("--seed", type=int, default=20260217)
+    d.set_defaults(fn=cmd_data)
+
+    t = sub.add_parser("train", help="train (or resume) the couplet model")
+    t.add_argument("--data", default="runs/data", help="output of 'chunlian data'")
+    t.add_argument("--out", default="runs/train")
+    t.add_argument("--export", default="runs/train/latest.safetensors")
+    t.add_argument("--max-steps", type=int, default=0)
+    t.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    t.add_argument("--quiet", action="store_true")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="score the model on a TSV of upper/lower pairs")
+    e.add_argument("--data", required=True)
+    e.add_argument("--limit", type=int, default=None)
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--baselines", action="store_true", help="also score a random real lower and gold")
+    e.add_argument("--tone-bias", type=float, default=None)
+    _model_flags(e)
+    e.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("serve", help="run the HTTP service (embedded defaults: no Redis needed)")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--model-path", type=Path)
+    s.add_argument("--device", choices=["cpu", "cuda", "auto"])
+    s.add_argument("--max-batch-size", type=int)
+    s.add_argument("--max-wait-ms", type=float)
+    s.add_argument("--max-queue-size", type=int)
+    s.add_argument("--redis-url")
+    s.add_argument("--batching", choices=["continuous", "static"])
+    s.add_argument("--log-level")
+    s.add_argument("--torch-threads", type=int)
+    s.set_defaults(fn=cmd_serve)
+
+    w = sub.add_parser("warmup", help="warm a running service or cluster")
+    w.add_argument("--url", required=True)
+    w.add_argument("--file")
+    w.set_defaults(fn=cmd_warmup)
+
+    for mod in PLUGINS:
+        try:
+            register: Callable[[Any], None] = importlib.import_module(mod).register
+        except ModuleNotFoundError as exc:
+            if exc.name and mod.startswith(exc.name):
+                continue  # that area is not installed in this build
+            raise
+        register(sub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except InvalidInput as e:
+        return _fail(e.message)
+    except ConfigError as e:
+        return _fail(str(e))
+    except ChunlianError as e:
+        print(f"chunlian: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

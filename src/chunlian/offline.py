@@ -1,0 +1,98 @@
+"""Synchronous batch generation without the async engine: CLI, evaluation, benchmarks.
+
+Requests are expanded into sequences and run through one ``ModelRunner`` with iteration-
+level admission (``run_all``); results come back in input order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from chunlian.engine.request import expand
+from chunlian.engine.runner import ModelRunner
+from chunlian.errors import ChunlianError, InvalidInput
+from chunlian.model.checkpoint import LoadedModel, load_weights
+from chunlian.model.rerank import build_result
+from chunlian.model.styles import STYLES
+from chunlian.text import validate_heads, validate_keyword, validate_upper
+from chunlian.types import CoupletRequest, CoupletResult, DecodeParams
+
+MAX_N = 8
+
+
+def check_style(style: str) -> str:
+    if style not in STYLES:
+        raise InvalidInput(f"unknown style {style!r}; expected one of {', '.join(STYLES)}", "style")
+    return style
+
+
+def check_n(n: int) -> int:
+    if not 1 <= n <= MAX_N:
+        raise InvalidInput(f"n must be between 1 and {MAX_N}, got {n}", "n")
+    return n
+
+
+def couplet_request(
+    upper: str, style: str = "traditional", n: int = 1, seed: int | None = None, **kw: object
+) -> CoupletRequest:
+    """A validated request for a 下联 (raises ``InvalidInput`` naming the field)."""
+    return CoupletRequest(
+        style=check_style(style), upper=validate_upper(upper),
+        params=DecodeParams(n=check_n(n), seed=seed), **kw,  # type: ignore[arg-type]
+    )
+
+
+def compose_request(
+    heads: str | None = None, keyword: str | None = None, length: int = 7,
+    style: str = "traditional", n: int = 1, seed: int | None = None, **kw: object,
+) -> CoupletRequest:
+    """A validated request for a whole couplet opened by ``heads`` or ``keyword``."""
+    if (heads is None) == (keyword is None):
+        raise InvalidInput("give exactly one of heads or keyword", "heads")
+    if length not in (5, 7):
+        raise InvalidInput(f"length must be 5 or 7, got {length}", "length")
+    text = validate_heads(heads) if heads is not None else validate_keyword(keyword, length)
+    return CoupletRequest(
+        style=check_style(style),
+        heads=text if heads is not None else None,
+        keyword=text if keyword is not None else None,
+        length=length,
+        params=DecodeParams(n=check_n(n), seed=seed),
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@dataclass
+class OfflineGenerator:
+    """The model, a runner and the 横批 selector, for batch work in one process."""
+
+    loaded: LoadedModel
+    runner: ModelRunner
+    hengpi: object | None
+
+    @classmethod
+    def load(cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64) -> OfflineGenerator:
+        from chunlian.model.hengpi import HengpiSelector
+
+        loaded = load_weights(model_path, device)
+        return cls(loaded, ModelRunner(loaded, capacity, device), HengpiSelector.from_loaded(loaded))
+
+    def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
+        """Results in input order; a request that fails yields its error, not an abort."""
+        specs = []
+        owners: list[list[int]] = []
+        next_id = 1
+        for req in requests:
+            s = expand(req, next_id)
+            next_id += len(s)
+            specs.extend(s)
+            owners.append([x.seq_id for x in s])
+        outs = self.runner.run_all(specs)
+        results: list[CoupletResult | ChunlianError] = []
+        for req, ids in zip(requests, owners, strict=True):
+            try:
+                results.append(build_result(req, [outs[i] for i in ids], self.hengpi, self.loaded.tag))  # type: ignore[arg-type]
+            except ChunlianError as e:
+                results.append(e)
+        return results

@@ -1,0 +1,60 @@
+"""``chunlian eval``: run the model over a TSV of upper/lower pairs and score it.
+
+The metric definitions live in ``chunlian.training.evaluate``. Generation is greedy
+(the service's default answer), batched through the offline runner.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+from typing import Any
+
+from chunlian.errors import ChunlianError, InvalidInput
+from chunlian.text import normalize, validate_upper
+from chunlian.training.evaluate import compute_metrics, random_real_baseline
+from chunlian.types import CoupletRequest
+
+
+def read_eval_pairs(path: Path, limit: int | None) -> list[tuple[str, str]]:
+    """``upper<TAB>lower`` rows (header required); rows the service would reject are skipped."""
+    with path.open(encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        if not reader.fieldnames or "upper" not in reader.fieldnames or "lower" not in reader.fieldnames:
+            raise InvalidInput(f"{path} needs a header row with 'upper' and 'lower' columns", "data")
+        pairs = []
+        for row in reader:
+            try:
+                pairs.append((validate_upper(row["upper"] or ""), normalize(row["lower"] or "")))
+            except InvalidInput:
+                continue
+            if limit is not None and len(pairs) >= limit:
+                break
+    return pairs
+
+
+def run_eval(
+    data: Path, limit: int | None = None, model_path: Path | None = None, device: str = "cpu",
+    baselines: bool = False, batch_size: int = 64, tone_bias: float | None = None,
+) -> dict[str, Any]:
+    from chunlian.offline import OfflineGenerator
+
+    pairs = read_eval_pairs(data, limit)
+    if not pairs:
+        raise InvalidInput(f"{data} holds no usable pairs", "data")
+    gen = OfflineGenerator.load(model_path, device, capacity=batch_size)
+    if tone_bias is not None:
+        gen.runner.tone_bias = tone_bias
+    uppers = [u for u, _ in pairs]
+    refs = [lo for _, lo in pairs]
+    t0 = time.perf_counter()
+    results = gen.generate([CoupletRequest(upper=u) for u in uppers])
+    seconds = time.perf_counter() - t0
+    hyps = ["" if isinstance(r, ChunlianError) else r.best.lower for r in results]
+    report: dict[str, Any] = {**compute_metrics(uppers, hyps, refs), "seconds": round(seconds, 2)}
+    if baselines:
+        rand = random_real_baseline(uppers, refs, refs, seed=0)
+        report["baseline_random_real"] = compute_metrics(uppers, rand, refs)
+        report["baseline_gold"] = compute_metrics(uppers, refs, refs)
+    return report

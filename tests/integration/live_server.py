@@ -1,0 +1,109 @@
+"""A real uvicorn server for integration tests: in a thread, on a socket bound to a free
+loopback port, serving ``create_app`` around the real ``Engine``; plus a model file.
+
+The shipped weights are used when present; without them (a fresh checkout before the
+model is trained) a small randomly initialised model of the same class is written, so the
+real loader, runner, rules and engine still run end to end.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from chunlian.api import create_app
+from chunlian.api.service import EngineLike
+from chunlian.config import DEFAULT_WARMUP, Settings
+from chunlian.model.checkpoint import DEFAULT_WEIGHTS
+
+# Characters every test input uses, besides the 横批 list and the style lexicons.
+_TEST_TEXT = "".join(DEFAULT_WARMUP) + (
+    "春回大地千山秀福满人间万户新天增岁月人增寿爆竹声声辞旧岁梅花点点迎新春一帆风顺年年好"
+    "万事如意步步高生意兴隆通四海财源茂盛达三江李明张伟王芳家和国泰民安喜庆瑞雪丰收东风送暖"
+    "红日照门庭绿水青山好春光碧海蓝天花开富贵竹报平安金玉满堂五谷丰登六畜兴旺鸟语花香"
+)
+
+
+def model_path(tmp_dir: Path) -> Path:
+    """The shipped weights, or a small random model of the same class written to ``tmp_dir``."""
+    if DEFAULT_WEIGHTS.is_file():
+        return DEFAULT_WEIGHTS
+    import torch
+
+    from chunlian.model.checkpoint import save_weights
+    from chunlian.model.styles import LEXICONS
+    from chunlian.model.tokenizer import SPECIALS, Tokenizer
+    from chunlian.model.transformer import CoupletTransformer, ModelConfig
+    from chunlian.text import is_han
+
+    hengpi = resources.files("chunlian").joinpath("resources", "hengpi.tsv").read_text(encoding="utf-8")
+    text = hengpi + "".join(LEXICONS.values()) + _TEST_TEXT
+    chars = sorted({ch for ch in text if is_han(ch)} | set("，、；：！？。"))
+    tok = Tokenizer(list(SPECIALS) + chars)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=len(tok), n_layer=2, n_head=4, d_model=64, d_ff=128)
+    path = tmp_dir / "tiny-couplet.safetensors"
+    save_weights(path, CoupletTransformer(cfg), tok, version="tiny-test")
+    return path
+
+
+def free_socket() -> socket.socket:
+    """A listening-ready socket bound to a free loopback port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class LiveServer:
+    """``create_app(settings, engine)`` under uvicorn in a background thread."""
+
+    def __init__(self, settings: Settings, engine: EngineLike | None = None) -> None:
+        self.app = create_app(settings, engine=engine)
+        self.runtime = self.app.state.runtime
+        self._sock = free_socket()
+        self.port = self._sock.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="live-uvicorn", daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self._sock])
+        except BaseException as e:  # surfaced by start()
+            self.error = e
+
+    def start(self, limit_s: float = 120.0) -> LiveServer:
+        """Start and wait until uvicorn accepts connections (not until ready)."""
+        self._thread.start()
+        deadline = time.monotonic() + limit_s
+        while not self.server.started:
+            if self.error is not None or not self._thread.is_alive():
+                raise RuntimeError(f"server failed to start: {self.error!r}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start in time")
+            time.sleep(0.05)
+        return self
+
+    def wait_ready(self, limit_s: float = 180.0) -> None:
+        """Poll /readyz until it says 200 (bounded)."""
+        deadline = time.monotonic() + limit_s
+        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+            while client.get("/readyz").status_code != 200:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("service did not become ready in time")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Graceful shutdown (lifespan shutdown runs: the engine stops)."""
+        self.server.should_exit = True
+        self._thread.join(timeout=30)
+        self._sock.close()

@@ -1,0 +1,134 @@
+"""A fake engine and an in-process app harness for the API unit tests (no torch)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from chunlian.api import create_app
+from chunlian.api.runtime import Runtime
+from chunlian.config import Settings, load_settings
+from chunlian.errors import EngineStopped
+from chunlian.types import Couplet, CoupletRequest, CoupletResult
+
+
+@dataclass
+class FakeStats:
+    queue_depth: int = 0
+    running: int = 0
+    max_queue_size: int = 8
+    completed: int = 0
+    failed: int = 0
+    deadline_drops: int = 0
+    rejected: int = 0
+    coalesced: int = 0
+    cancelled: int = 0
+    tokens_total: int = 0
+    steps_total: int = 0
+    prefill_total: int = 0
+
+
+@dataclass(frozen=True)
+class FakeStep:
+    batch_size: int
+    step_s: float
+    tokens: int
+
+
+def _han(i: int) -> str:
+    return chr(0x4E00 + 100 + (i % 5000))
+
+
+class FakeEngine:
+    """Answers at once with a deterministic couplet; errors and gates on demand."""
+
+    model_tag = "fake-couplet@test"
+
+    def __init__(self) -> None:
+        self.stats = FakeStats()
+        self.calls: list[CoupletRequest] = []
+        self.started = False
+        self.stopped = False
+        self.start_gate: asyncio.Event | None = None
+        self.hold: asyncio.Event | None = None  # generate() waits on it when set
+        self.fail: dict[str, BaseException] = {}  # text (upper/keyword/heads) -> error
+        self.cancelled = 0
+        self._listeners: list[Callable[[Any], None]] = []
+
+    async def start(self) -> None:
+        if self.start_gate is not None:
+            await self.start_gate.wait()
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    def add_step_listener(self, fn: Callable[[Any], None]) -> None:
+        self._listeners.append(fn)
+
+    async def generate(self, req: CoupletRequest) -> CoupletResult:
+        if not self.started or self.stopped:
+            raise EngineStopped("engine is not running")
+        self.calls.append(req)
+        text = req.upper or req.keyword or req.heads or ""
+        if text in self.fail:
+            raise self.fail[text]
+        if self.hold is not None:
+            try:
+                await self.hold.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        for fn in self._listeners:
+            fn(FakeStep(batch_size=1, step_s=0.002, tokens=7))
+        self.stats.completed += 1
+        self.stats.tokens_total += 7
+        self.stats.steps_total += 1
+        cands = tuple(self._couplet(req, c) for c in range(req.params.n))
+        return CoupletResult(best=cands[0], candidates=cands if req.params.n > 1 else (),
+                             model=self.model_tag)
+
+    def _couplet(self, req: CoupletRequest, c: int) -> Couplet:
+        salt = (req.params.seed or 0) + c
+        if req.upper is not None:
+            upper = req.upper
+        else:
+            length = req.length or 7
+            head = req.heads[0] if req.heads else (req.keyword or "")
+            upper = (head + "春" * length)[:length]
+        lower = "".join(_han(ord(ch) + salt) for ch in upper)
+        return Couplet(upper=upper, lower=lower, hengpi="万象更新", style=req.style)
+
+
+def unit_settings(**overrides: object) -> Settings:
+    base: dict[str, object] = {"warmup": "", "instance_id": "unit-1", "body_limit_bytes": 4096}
+    base.update(overrides)
+    return load_settings(**base)
+
+
+@dataclass
+class Harness:
+    client: httpx.AsyncClient
+    engine: FakeEngine
+    runtime: Runtime
+
+
+@asynccontextmanager
+async def running_app(
+    engine: FakeEngine | None = None, wait_ready: bool = True, **overrides: object
+) -> AsyncIterator[Harness]:
+    """The app with its lifespan running, and an HTTP client talking to it in-process."""
+    engine = engine or FakeEngine()
+    app = create_app(unit_settings(**overrides), engine=engine)
+    runtime = app.state.runtime
+    async with app.router.lifespan_context(app):
+        if wait_ready:
+            await asyncio.wait_for(runtime.wait_ready(), 10)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://unit") as client:
+            yield Harness(client, engine, runtime)

@@ -1,0 +1,359 @@
+"""The HTTP contract, in process, against a fake engine: shapes, caching, errors, headers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from chunlian.errors import DeadlineExceeded, EngineStopped, Overloaded
+from tests.unit.api_fakes import FakeEngine, running_app
+
+
+def assert_error(resp, status: int, code: str, field: str | None = None) -> dict:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    body = resp.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "message", "field"}
+    assert body["error"]["code"] == code
+    assert body["error"]["field"] == field
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert "Traceback" not in resp.text and ".py" not in resp.text
+    return body["error"]
+
+
+async def test_couplet_then_cached_repeat() -> None:
+    async with running_app() as h:
+        r1 = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})
+        assert r1.status_code == 200, r1.text
+        b1 = r1.json()
+        assert set(b1) == {"upper", "lower", "hengpi", "style", "cached", "model"}
+        assert b1["upper"] == "春回大地千山秀" and len(b1["lower"]) == 7
+        assert b1["cached"] is False and b1["model"] == "fake-couplet@test"
+        assert b1["style"] == "traditional"
+        r2 = await h.client.post("/v1/couplets", json={"upper": " 春回大地千山秀 "})
+        b2 = r2.json()
+        assert b2["cached"] is True
+        assert {k: b2[k] for k in ("upper", "lower", "hengpi")} == {k: b1[k] for k in ("upper", "lower", "hengpi")}
+        assert len(h.engine.calls) == 1  # the repeat never reached the engine
+        req = h.engine.calls[0]
+        assert req.params.greedy and req.priority == "interactive" and req.timeout_s is None
+
+
+async def test_candidates_only_when_n_above_one_and_timeout_passed_on() -> None:
+    async with running_app() as h:
+        r = await h.client.post("/v1/couplets", json={"upper": "天增岁月人增寿", "n": 3, "timeout_ms": 2500})
+        body = r.json()
+        assert r.status_code == 200 and len(body["candidates"]) == 3
+        assert body["candidates"][0]["lower"] == body["lower"]
+        assert set(body["candidates"][0]) == {"upper", "lower", "hengpi", "style"}
+        assert h.engine.calls[0].timeout_s == pytest.approx(2.5)
+        assert h.engine.calls[0].params.n == 3
+
+
+async def test_regenerate_uses_fresh_seed_and_keeps_default_cached() -> None:
+    async with running_app() as h:
+        first = (await h.client.post("/v1/couplets", json={"upper": "爆竹声声辞旧岁"})).json()
+        regen = (await h.client.post("/v1/couplets", json={"upper": "爆竹声声辞旧岁", "regenerate": True})).json()
+        assert regen["cached"] is False
+        assert h.engine.calls[-1].params.seed is not None  # sampled, not greedy
+        again = (await h.client.post("/v1/couplets", json={"upper": "爆竹声声辞旧岁"})).json()
+        assert again["cached"] is True and again["lower"] == first["lower"]
+        assert len(h.engine.calls) == 2
+
+
+async def test_seeded_requests_are_cached_under_their_seed() -> None:
+    async with running_app() as h:
+        a = (await h.client.post("/v1/couplets", json={"upper": "生意兴隆通四海", "seed": 7})).json()
+        b = (await h.client.post("/v1/couplets", json={"upper": "生意兴隆通四海", "seed": 7})).json()
+        c = (await h.client.post("/v1/couplets", json={"upper": "生意兴隆通四海", "seed": 8})).json()
+        assert (a["cached"], b["cached"], c["cached"]) == (False, True, False)
+        assert a["lower"] == b["lower"] != c["lower"]
+
+
+async def test_compose_heads_and_keyword() -> None:
+    async with running_app() as h:
+        r = await h.client.post("/v1/couplets/compose", json={"heads": "李明", "length": 5, "style": "family"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["style"] == "family" and len(body["upper"]) == 5 and body["upper"][0] == "李"
+        req = h.engine.calls[-1]
+        assert (req.heads, req.length, req.keyword, req.upper) == ("李明", 5, None, None)
+        r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春"})
+        assert r.status_code == 200
+        req = h.engine.calls[-1]
+        assert (req.keyword, req.length) == ("新春", 7)
+        again = await h.client.post("/v1/couplets/compose", json={"keyword": "新春", "length": 7})
+        assert again.json()["cached"] is True
+
+
+BAD_COUPLETS = [
+    ({"upper": ""}, "upper"),
+    ({"upper": "   "}, "upper"),
+    ({"upper": "hello world"}, "upper"),
+    ({"upper": "春回大地abc"}, "upper"),
+    ({"upper": "春" * 33}, "upper"),
+    ({"upper": "春" * 1100}, "upper"),
+    ({"upper": "，春回大地"}, "upper"),
+    ({"upper": "春回，，大地"}, "upper"),
+    ({"upper": "春回\x00大地"}, "upper"),
+    ({"upper": 123}, "upper"),
+    ({"upper": None}, "upper"),
+    ({"upper": ["春"]}, "upper"),
+    ({}, "upper"),
+    ({"upper": "春回大地千山秀", "style": "modern"}, "style"),
+    ({"upper": "春回大地千山秀", "style": 1}, "style"),
+    ({"upper": "春回大地千山秀", "n": 0}, "n"),
+    ({"upper": "春回大地千山秀", "n": 9}, "n"),
+    ({"upper": "春回大地千山秀", "n": "3"}, "n"),
+    ({"upper": "春回大地千山秀", "n": 1.5}, "n"),
+    ({"upper": "春回大地千山秀", "n": True}, "n"),
+    ({"upper": "春回大地千山秀", "seed": -1}, "seed"),
+    ({"upper": "春回大地千山秀", "seed": "x"}, "seed"),
+    ({"upper": "春回大地千山秀", "seed": 2**64}, "seed"),
+    ({"upper": "春回大地千山秀", "regenerate": "yes"}, "regenerate"),
+    ({"upper": "春回大地千山秀", "timeout_ms": 0}, "timeout_ms"),
+    ({"upper": "春回大地千山秀", "timeout_ms": 10**9}, "timeout_ms"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_COUPLETS)
+async def test_bad_couplet_input_is_422_naming_the_field(body: dict, field: str) -> None:
+    async with running_app() as h:
+        r = await h.client.post("/v1/couplets", json=body)
+        assert_error(r, 422, "invalid_input", field)
+        assert h.engine.calls == []
+
+
+BAD_COMPOSE = [
+    ({}, "heads"),
+    ({"heads": "李明", "keyword": "新春"}, "keyword"),
+    ({"heads": ""}, "heads"),
+    ({"heads": "李小明"}, "heads"),
+    ({"heads": "Li"}, "heads"),
+    ({"heads": "李，"}, "heads"),
+    ({"keyword": ""}, "keyword"),
+    ({"keyword": "恭喜发财啊"}, "keyword"),
+    ({"keyword": "ab"}, "keyword"),
+    ({"heads": "李明", "length": 6}, "length"),
+    ({"heads": "李明", "length": "7"}, "length"),
+    ({"heads": "李明", "style": "rap"}, "style"),
+    ({"heads": 5}, "heads"),
+]
+
+
+@pytest.mark.parametrize(("body", "field"), BAD_COMPOSE)
+async def test_bad_compose_input_is_422_naming_the_field(body: dict, field: str) -> None:
+    async with running_app() as h:
+        r = await h.client.post("/v1/couplets/compose", json=body)
+        assert_error(r, 422, "invalid_input", field)
+        assert h.engine.calls == []
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "code"),
+    [
+        ('{"upper": "春回'.encode(), {"content-type": "application/json"}, "invalid_json"),
+        (b"not json", {"content-type": "application/json"}, "invalid_json"),
+        (b"", {"content-type": "application/json"}, "invalid_input"),
+        (b"[1, 2]", {"content-type": "application/json"}, "invalid_input"),
+        (b'"upper"', {"content-type": "application/json"}, "invalid_input"),
+        (b"upper=x", {"content-type": "application/x-www-form-urlencoded"}, "invalid_input"),
+        (b"[" * 3000 + b"]" * 3000, {"content-type": "application/json"}, "invalid_json"),
+    ],
+)
+async def test_unparseable_bodies_are_422(content: bytes, headers: dict, code: str) -> None:
+    async with running_app(body_limit_bytes=100_000) as h:
+        r = await h.client.post("/v1/couplets", content=content, headers=headers)
+        assert_error(r, 422, code, None)
+
+
+async def test_lone_surrogate_is_422_not_500() -> None:
+    async with running_app() as h:
+        body = b'{"upper": "\\ud800\\u6625\\u56de"}'
+        r = await h.client.post("/v1/couplets", content=body, headers={"content-type": "application/json"})
+        assert_error(r, 422, "invalid_input", "upper")
+
+
+async def test_engine_errors_map_to_statuses() -> None:
+    engine = FakeEngine()
+    engine.fail = {
+        "一帆风顺年年好": Overloaded("queue full", retry_after_s=2.3),
+        "天增岁月人增寿": Overloaded("queue full", retry_after_s=0.01),
+        "春回大地千山秀": DeadlineExceeded("too slow"),
+        "爆竹声声辞旧岁": EngineStopped("stopping"),
+        "生意兴隆通四海": RuntimeError("boom at /secret/path.py"),
+    }
+    async with running_app(engine) as h:
+        r = await h.client.post("/v1/couplets", json={"upper": "一帆风顺年年好"})
+        assert_error(r, 429, "overloaded")
+        assert r.headers["retry-after"] == "3"
+        r = await h.client.post("/v1/couplets", json={"upper": "天增岁月人增寿"})
+        assert r.headers["retry-after"] == "1"
+        assert_error(await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"}), 504, "deadline_exceeded")
+        assert_error(await h.client.post("/v1/couplets", json={"upper": "爆竹声声辞旧岁"}), 503, "engine_stopped")
+        r = await h.client.post("/v1/couplets", json={"upper": "生意兴隆通四海"}, headers={"x-request-id": "boom-1"})
+        assert_error(r, 500, "internal")
+        assert "secret" not in r.text and "boom" not in r.text
+        assert r.headers["x-request-id"] == "boom-1"
+        assert r.headers["x-chunlian-instance"] == "unit-1"
+
+
+async def test_request_id_echoed_or_generated_on_every_response() -> None:
+    async with running_app() as h:
+        r = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"}, headers={"X-Request-Id": "abc-123"})
+        assert r.headers["x-request-id"] == "abc-123"
+        assert r.headers["x-chunlian-instance"] == "unit-1"
+        for resp in (
+            await h.client.get("/healthz"),
+            await h.client.get("/nope"),
+            await h.client.post("/v1/couplets", json={"upper": ""}),
+            await h.client.get("/v1/couplets"),
+        ):
+            rid = resp.headers["x-request-id"]
+            assert len(rid) == 32 and int(rid, 16) >= 0
+            assert resp.headers["x-chunlian-instance"] == "unit-1"
+        insane = await h.client.get("/healthz", headers={"x-request-id": "x" * 500})
+        assert insane.headers["x-request-id"] != "x" * 500
+        assert_error(await h.client.get("/nope"), 404, "not_found")
+        assert_error(await h.client.get("/v1/couplets"), 405, "method_not_allowed")
+
+
+async def test_body_over_limit_is_413_by_length_and_by_stream() -> None:
+    async with running_app(body_limit_bytes=2048) as h:
+        big = {"upper": "春" * 1000}  # ~3 KB of UTF-8
+        r = await h.client.post("/v1/couplets", json=big, headers={"x-request-id": "big-1"})
+        assert_error(r, 413, "body_too_large")
+        assert r.headers["x-request-id"] == "big-1"
+
+        seen: list[int] = []
+
+        async def chunks():
+            for _ in range(100):
+                seen.append(1)
+                yield b" " * 512
+
+        r = await h.client.post("/v1/couplets", content=chunks(), headers={"content-type": "application/json"})
+        assert_error(r, 413, "body_too_large")
+        assert len(seen) < 100  # refused before the whole body was read
+        assert h.engine.calls == []
+
+
+async def test_headers_over_cap_are_431() -> None:
+    async with running_app() as h:
+        r = await h.client.get("/healthz", headers={"x-junk": "j" * 20_000})
+        assert_error(r, 431, "headers_too_large")
+
+
+async def test_not_ready_until_warm_then_ready() -> None:
+    engine = FakeEngine()
+    engine.start_gate = asyncio.Event()
+    async with running_app(engine, wait_ready=False) as h:
+        assert (await h.client.get("/healthz")).status_code == 200
+        r = await h.client.get("/readyz")
+        assert_error(r, 503, "not_ready")
+        assert r.headers["retry-after"] == "1"
+        r = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})
+        assert_error(r, 503, "not_ready")
+        metrics = (await h.client.get("/metrics")).text
+        assert "chunlian_ready 0.0" in metrics
+        engine.start_gate.set()
+        await asyncio.wait_for(h.runtime.wait_ready(), 10)
+        r = await h.client.get("/readyz")
+        assert r.status_code == 200 and r.json()["status"] == "ready"
+        assert r.json()["model"] == "fake-couplet@test"
+        assert (await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})).status_code == 200
+        assert "chunlian_ready 1.0" in (await h.client.get("/metrics")).text
+    assert engine.stopped
+
+
+async def test_warmup_runs_before_ready_and_fills_the_cache() -> None:
+    engine = FakeEngine()
+    async with running_app(engine, warmup="新春,春回大地千山秀") as h:
+        kinds = sorted((r.keyword or r.upper or "", r.length or 0) for r in engine.calls)
+        assert kinds == [("新春", 5), ("新春", 7), ("春回大地千山秀", 0)]
+        r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春", "length": 5})
+        assert r.json()["cached"] is True
+        r = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})
+        assert r.json()["cached"] is True
+        assert len(engine.calls) == 3
+
+
+async def test_batch_answers_each_item_on_its_own() -> None:
+    engine = FakeEngine()
+    engine.fail = {"一帆风顺年年好": Overloaded("queue full", retry_after_s=1.0)}
+    async with running_app(engine, body_limit_bytes=100_000) as h:
+        items = [
+            {"upper": "春回大地千山秀"},
+            {"upper": "hello"},
+            {"heads": "李明", "length": 5},
+            "not an object",
+            {"upper": "一帆风顺年年好"},
+            {"upper": "天增岁月人增寿", "n": 2},
+            {"upper": "春回大地千山秀", "n": 99},
+        ]
+        r = await h.client.post("/v1/couplets/batch", json={"items": items})
+        assert r.status_code == 200, r.text
+        res = r.json()["results"]
+        assert len(res) == len(items)
+        assert res[0]["lower"] and res[0]["cached"] is False
+        assert res[1]["error"]["code"] == "invalid_input" and res[1]["error"]["field"] == "upper"
+        assert res[2]["upper"][0] == "李"
+        assert res[3]["error"]["code"] == "invalid_input"
+        assert res[4]["error"]["code"] == "overloaded"
+        assert len(res[5]["candidates"]) == 2
+        assert res[6]["error"]["field"] == "n"
+        assert all(c.priority == "bulk" for c in engine.calls)
+        again = await h.client.post("/v1/couplets/batch", json={"items": [{"upper": "春回大地千山秀"}]})
+        assert again.json()["results"][0]["cached"] is True
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"items": []}, "items"), ({"items": [{"upper": "春"}] * 257}, "items"), ({"items": "x"}, "items"), ({}, "items")],
+)
+async def test_batch_envelope_errors(body: dict, field: str) -> None:
+    async with running_app(body_limit_bytes=100_000) as h:
+        assert_error(await h.client.post("/v1/couplets/batch", json=body), 422, "invalid_input", field)
+
+
+async def test_client_gone_cancels_the_generation() -> None:
+    from chunlian.api.errors import ClientGone
+    from chunlian.api.routes import unless_disconnected
+
+    engine = FakeEngine()
+    engine.started = True
+    engine.hold = asyncio.Event()
+
+    class GoneRequest:
+        async def receive(self) -> dict:
+            await asyncio.sleep(0)
+            return {"type": "http.disconnect"}
+
+    from chunlian.types import CoupletRequest
+
+    with pytest.raises(ClientGone):
+        await unless_disconnected(GoneRequest(), engine.generate(CoupletRequest(upper="春回大地")))  # type: ignore[arg-type]
+    assert engine.cancelled == 1
+
+
+async def test_docs_openapi_and_campaign_page() -> None:
+    async with running_app() as h:
+        assert (await h.client.get("/docs")).status_code == 200
+        spec = (await h.client.get("/openapi.json")).json()
+        assert {"/v1/couplets", "/v1/couplets/compose", "/v1/couplets/batch", "/healthz", "/readyz"} <= set(spec["paths"])
+        page = await h.client.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert (await h.client.get("/static/app.js")).status_code == 200
+        assert_error(await h.client.get("/static/missing.js"), 404, "not_found")
+
+
+async def test_not_ready_once_the_engine_stops_running() -> None:
+    engine = FakeEngine()
+    async with running_app(engine) as h:
+        assert (await h.client.get("/readyz")).status_code == 200
+        engine.running = False  # type: ignore[attr-defined]  # the engine thread died
+        assert_error(await h.client.get("/readyz"), 503, "not_ready")
+        assert_error(await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"}), 503, "not_ready")
+        assert (await h.client.get("/healthz")).status_code == 200

@@ -1,0 +1,58 @@
+"""Warm-up: which requests an entry list means, and warming a running service over HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from chunlian.api.warmup import read_warmup_file, warmup_bodies, warmup_remote, warmup_requests
+from tests.unit.api_fakes import running_app
+
+
+def test_short_entries_are_keywords_long_ones_upper_lines() -> None:
+    bodies = warmup_bodies(["新春", " 福 ", "恭喜发财", "春回大地千山秀", "", "平安"])
+    assert bodies == [
+        {"keyword": "新春", "length": 7, "style": "traditional"},
+        {"keyword": "新春", "length": 5, "style": "traditional"},
+        {"keyword": "福", "length": 7, "style": "traditional"},
+        {"keyword": "福", "length": 5, "style": "traditional"},
+        {"keyword": "恭喜发财", "length": 7, "style": "traditional"},
+        {"keyword": "恭喜发财", "length": 5, "style": "traditional"},
+        {"upper": "春回大地千山秀", "style": "traditional"},
+        {"keyword": "平安", "length": 7, "style": "traditional"},
+        {"keyword": "平安", "length": 5, "style": "traditional"},
+    ]
+
+
+def test_bad_entries_are_skipped_not_fatal() -> None:
+    reqs = warmup_requests(["hello world", "春回大地千山秀", "春" * 40])
+    assert [r.upper for r in reqs] == ["春回大地千山秀"]
+
+
+def test_read_warmup_file(tmp_path: Path) -> None:
+    f = tmp_path / "hot.txt"
+    f.write_text("# hot words\n新春\n\n  春回大地千山秀  \n", encoding="utf-8")
+    assert read_warmup_file(f) == ["新春", "春回大地千山秀"]
+
+
+async def test_warmup_remote_fills_the_cache_of_a_running_service() -> None:
+    async with running_app(body_limit_bytes=100_000) as h:
+        transport = httpx.ASGITransport(app=h.client._transport.app)  # type: ignore[attr-defined]
+        async with httpx.AsyncClient(transport=transport) as client:
+            report = await warmup_remote("http://unit/", ["新春", "春回大地千山秀", "abc"], client=client)
+        assert report.requested == 4
+        assert report.ok == 3 and report.failed == 1 and report.cached == 0
+        assert "invalid_input" in report.errors[0]
+        calls = len(h.engine.calls)
+        r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春", "length": 5})
+        assert r.json()["cached"] is True
+        assert len(h.engine.calls) == calls
+        async with httpx.AsyncClient(transport=transport) as client:
+            again = await warmup_remote("http://unit", ["新春"], client=client)
+        assert again.ok == 2 and again.cached == 2
+
+
+async def test_warmup_remote_reports_an_unreachable_service() -> None:
+    report = await warmup_remote("http://127.0.0.1:9", ["新春"], timeout_s=2.0)
+    assert report.ok == 0 and report.failed == 2 and report.errors
