@@ -33,7 +33,7 @@ class TrainConfig:
     data_dir: str = "runs/data"
     out_dir: str = "runs/train"
     export_path: str = "runs/train/latest.safetensors"
-    max_steps: int = 3400
+    max_steps: int = 2700
     batch_pairs: int = 128
     lr_max: float = 1.5e-3
     lr_min: float = 1e-4
