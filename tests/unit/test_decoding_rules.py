@@ -201,6 +201,6 @@ def test_lookahead_bans_exactly_the_completing_characters(
 
 
 def test_checked_positions_are_even_positions_and_clause_ends() -> None:
-    assert checked_positions("天增岁月人增寿") == [1, 3, 5, 6]
-    assert checked_positions("春来，福到门") == [1, 4, 5]
-    assert checked_positions("春") == [0]
+    assert checked_positions("天增岁月人增寿") == (1, 3, 5, 6)
+    assert checked_positions("春来，福到门") == (1, 4, 5)
+    assert checked_positions("春") == (0,)

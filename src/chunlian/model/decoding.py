@@ -93,7 +93,8 @@ def lookahead_banned(
     return out
 
 
-def checked_positions(line: str) -> list[int]:
+@lru_cache(maxsize=16384)
+def checked_positions(line: str) -> tuple[int, ...]:
     """Positions whose 平仄 should oppose: within each clause (split at non-Han characters),
     the even positions (1-based from the clause start) and the clause's last character."""
     out: list[int] = []
@@ -105,7 +106,7 @@ def checked_positions(line: str) -> list[int]:
                 if (i - 1) not in out:
                     out.append(i - 1)
             start = i + 1
-    return sorted(set(out))
+    return tuple(sorted(set(out)))
 
 
 @dataclass

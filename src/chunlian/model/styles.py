@@ -28,7 +28,7 @@ LEXICONS: dict[str, str] = {
 }
 
 # Added to the logits of the chosen style's lexicon characters at Han positions.
-STYLE_BIAS = 1.0
+STYLE_BIAS = 0.0
 
 
 def derive_style(upper: str, lower: str, register: str) -> str:

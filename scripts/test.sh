@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: installs what it needs (venv, dev extras, Debian
+# chromium/nginx/promtool), starts Redis if it is down, then runs pytest (unit, integration,
+# e2e; the long reliability scenarios are opt-in: scripts/reliability.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/bootstrap.sh dev
+for s in install-browser.sh install-nginx.sh install-promtool.sh; do
+  [[ -x scripts/$s ]] && scripts/$s
+done
+scripts/ensure-redis.sh
+export CHUNLIAN_TORCH_THREADS=${CHUNLIAN_TORCH_THREADS:-1}
+exec .venv/bin/python -m pytest -q -m "not slow" -p no:cacheprovider "$@"
