@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     job_result_ttl_s: int = Field(7 * 24 * 3600, ge=1)
     job_soft_time_limit_s: float = Field(30.0, gt=0)
     job_hard_time_limit_s: float = Field(60.0, gt=0)
+    job_chunk_size: int = Field(50, ge=1, le=10_000)  # items per Celery task
+    job_queue: str = Field("chunlian.jobs", min_length=1, max_length=200)  # Celery queue name
+    job_visibility_timeout_s: float | None = Field(None, gt=0)  # None: derived from the hard limit
     api_keys: str = ""  # comma-separated; empty: job endpoints are open
 
     body_limit_bytes: int = Field(1_000_000, ge=1024)

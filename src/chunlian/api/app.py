@@ -18,11 +18,13 @@ from starlette.staticfiles import StaticFiles
 
 import chunlian
 from chunlian.api.errors import install_error_handlers
+from chunlian.api.jobs_routes import router as jobs_router
 from chunlian.api.middleware import ServiceMiddleware
 from chunlian.api.routes import WEB_DIR, router
 from chunlian.api.runtime import Runtime
 from chunlian.api.service import EngineLike
 from chunlian.config import Settings
+from chunlian.jobs.backend import build_jobs
 
 log = logging.getLogger("chunlian.api")
 
@@ -38,6 +40,7 @@ Every error has the shape `{"error": {"code", "message", "field"}}`. Every respo
 def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
     """The service app; ``engine`` (already built, not started) replaces the one from settings."""
     runtime = Runtime(settings, engine)
+    jobs = build_jobs(settings, lambda: runtime.service if runtime.serving else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -46,13 +49,16 @@ def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await jobs.close()
             await runtime.shut_down()
 
     app = FastAPI(
         title="chunlian", version=chunlian.__version__, description=DESCRIPTION, lifespan=lifespan,
     )
     app.state.runtime = runtime
+    app.state.jobs = jobs
     app.include_router(router)
+    app.include_router(jobs_router)
     install_error_handlers(app)
     if WEB_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")

@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
 from chunlian.errors import (
     Cancelled,
@@ -33,7 +34,7 @@ from chunlian.errors import (
 )
 
 _HTTP_CODES = {
-    400: "invalid_json", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+    400: "invalid_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
     415: "unsupported_media_type", 431: "headers_too_large",
 }
 
@@ -160,7 +161,24 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
         return error_response(422, "invalid_json", "request body could not be parsed as JSON")
     code = _HTTP_CODES.get(status, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
-    return error_response(status, code, message, None, dict(exc.headers or {}) or None)
+    headers = dict(exc.headers or {})
+    if status == 405:
+        allow = allowed_methods(request)
+        if allow:
+            headers["Allow"] = allow
+    return error_response(status, code, message, None, headers or None)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str | None:
+    """``Allow`` for a 405: every method some route serves at this path (Starlette names
+    only the methods of the first route whose path matched, e.g. GET but not DELETE)."""
+    routes = getattr(request.app, "routes", ())
+    allowed = [m for m in _METHODS
+               if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)]
+    return ", ".join(allowed) or None
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -1,0 +1,157 @@
+"""Bulk jobs over HTTP: submit, poll (paged results), cancel.
+
+* ``POST /v1/jobs`` ``{"items": [...]}`` (1 to 10,000 ``/v1/couplets`` or
+  ``/v1/couplets/compose`` bodies) → ``202 {"job_id", "status", "total"}``; every item is
+  validated first, the first bad one makes it a 422 naming it (``items.7.upper``).
+* ``GET /v1/jobs/{id}?offset=0&limit=100`` → status, progress and one page of results
+  (an entry per item index: done with its couplet, failed with its error, cancelled, or
+  pending).
+* ``DELETE /v1/jobs/{id}`` → cancels every item that has not run; the job's state.
+
+When ``CHUNLIAN_API_KEYS`` is set, every job endpoint needs one of them in ``X-API-Key``
+(401 otherwise). Errors have the service's one shape.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from chunlian.api.errors import json_bytes
+from chunlian.api.schemas import ErrorOut
+from chunlian.errors import InvalidInput
+from chunlian.jobs.backend import JobsBackend
+from chunlian.jobs.items import MAX_JOB_ITEMS, validate_items
+from chunlian.jobs.store import MAX_RESULTS_PAGE, JobState
+
+DEFAULT_PAGE = 100
+
+
+def require_api_key(request: Request) -> None:
+    """401 unless ``X-API-Key`` is one of ``settings.api_key_set`` (when any is set)."""
+    keys = request.app.state.runtime.settings.api_key_set
+    if not keys:
+        return
+    given = request.headers.get("x-api-key", "")
+    if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
+        raise HTTPException(401, "a valid X-API-Key header is required", {"WWW-Authenticate": "ApiKey"})
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "API keys are configured and X-API-Key is missing or wrong."},
+    422: {"model": ErrorOut, "description": "Invalid body or query (field named in the error)."},
+    503: {"model": ErrorOut, "description": "Not ready, or the job queue is unavailable."},
+}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "No such job (or it expired)."}}
+
+router = APIRouter(tags=["jobs"], dependencies=[Depends(require_api_key)])
+
+
+class JobIn(BaseModel):
+    """A bulk job: up to 10,000 items, each validated like a single request."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    items: list[Any] = Field(
+        ..., min_length=1, max_length=MAX_JOB_ITEMS,
+        description="Each item is a /v1/couplets body (with upper) or a /v1/couplets/compose "
+        "body (with heads or keyword). Every item is checked on submission.",
+        json_schema_extra={"items": {"anyOf": [
+            {"$ref": "#/components/schemas/CoupletIn"}, {"$ref": "#/components/schemas/ComposeIn"},
+        ]}},
+    )
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    status: str
+    total: int
+
+
+class JobProgress(BaseModel):
+    done: int
+    failed: int
+    cancelled: int
+    total: int
+
+
+class JobOut(BaseModel):
+    """A job's state and one page of its results (one entry per item index)."""
+
+    job_id: str
+    status: str = Field(..., description="queued | running | done | failed | cancelled")
+    progress: JobProgress
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    offset: int | None = None
+    limit: int | None = None
+    results: list[dict[str, Any]] | None = Field(
+        None, description='{"index", "status": "done", "upper", "lower", "hengpi", "style", "model"} | '
+        '{"index", "status": "failed", "error": {...}} | {"index", "status": "cancelled" | "pending"}',
+    )
+
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json_bytes(content), status_code=status, media_type="application/json", headers=headers)
+
+
+def _jobs(request: Request) -> JobsBackend:
+    jobs = request.app.state.jobs
+    return jobs  # type: ignore[no-any-return]
+
+
+def _not_found(job_id: str) -> Response:
+    from chunlian.api.errors import error_response
+
+    return error_response(404, "not_found", f"no job {job_id!r} (it may have expired)", "job_id")
+
+
+def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be an integer, got {raw!r}", name) from None
+    if not lo <= value <= hi:
+        raise InvalidInput(f"{name} must be between {lo} and {hi}, got {value}", name)
+    return value
+
+
+@router.post("/v1/jobs", status_code=202, response_model=JobAccepted, responses=_ERRORS)
+async def submit_job(body: JobIn, request: Request) -> Response:
+    """Queue a bulk job; poll ``GET /v1/jobs/{job_id}`` for progress and results."""
+    specs = validate_items(body.items)
+    job_id = await _jobs(request).submit(specs)
+    return _json({"job_id": job_id, "status": "queued", "total": len(specs)}, 202,
+                 {"Location": f"/v1/jobs/{job_id}"})
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobOut, responses={**_ERRORS, **_NOT_FOUND})
+async def get_job(job_id: str, request: Request) -> Response:
+    """Status, progress, and results ``offset .. offset+limit-1`` (limit at most 1000)."""
+    offset = _int_param(request, "offset", 0, 0, MAX_JOB_ITEMS)
+    limit = _int_param(request, "limit", DEFAULT_PAGE, 0, MAX_RESULTS_PAGE)
+    jobs = _jobs(request)
+    state = await jobs.state(job_id)
+    if state is None:
+        return _not_found(job_id)
+    body = state.as_dict()
+    body.update(offset=offset, limit=limit, results=await jobs.results(job_id, offset, limit))
+    return _json(body)
+
+
+@router.delete("/v1/jobs/{job_id}", response_model=JobOut, responses={**_ERRORS, **_NOT_FOUND})
+async def cancel_job(job_id: str, request: Request) -> Response:
+    """Cancel every item that has not run (a finished job stays as it is)."""
+    state: JobState | None = await _jobs(request).cancel(job_id)
+    if state is None:
+        return _not_found(job_id)
+    return _json(state.as_dict())

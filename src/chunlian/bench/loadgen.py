@@ -1,0 +1,549 @@
+"""An async HTTP load generator for ``POST /v1/couplets`` over real upper lines.
+
+Load model: closed loop. ``concurrency`` workers each send a request, wait for the answer
+and send the next, for ``duration_s`` seconds or ``max_requests`` requests, whichever
+comes first. Requests still in flight when the time is up are cancelled and counted as
+``unfinished``; requests/s is the answers received inside the window divided by its length.
+
+What is sent (``RequestPlan``): a share ``unique_ratio`` of the requests are *fresh* (a
+request the service has not seen in this run: a real line, in file order, first greedy in
+each of the four styles, then, once those run out, the same lines with a seed, which is a
+new cacheable request; a plan with another ``seed`` starts far along that sequence), the rest repeat a small *hot set* of lines (greedy, traditional
+style), chosen at random. The plan is deterministic for a given seed, so two runs against
+two servers send the same requests in the same order.
+
+What is reported: requests/s, latency quantiles (all, cache hits and misses, split by the
+response's ``cached`` field), errors by status, and, from ``/metrics`` read before and after
+the window, the cache hit ratio, the mean engine batch size and tokens/s. A sampler reads
+``/metrics`` once a second during the window for the queue depth (and GPU utilisation on
+cuda). With ``server_pid`` (a process on this host) the server's CPU time is read from
+``/proc`` over the window too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from chunlian.bench.engine import percentile, sample_uppers
+
+STYLES = ("traditional", "business", "family", "literary")
+DEFAULT_URL = "http://127.0.0.1:8000"
+ENDPOINT = "/v1/couplets"
+WARMUP_SEED_BASE = 1 << 40
+FRESH_SEED_STRIDE = 1000  # fresh requests of one plan seed before the next seed's sequence  # warm-up requests are seeded from here: never in a measured plan
+
+# ---- input lines ------------------------------------------------------------------------------
+
+
+def load_lines(path: Path | None = None) -> list[str]:
+    """Upper lines from ``path`` (one a line, ``#`` comments; in a .tsv the first column,
+    its ``upper`` header skipped), or the built-in sample of 400 real lines."""
+    if path is None:
+        return sample_uppers()
+    lines: list[str] = []
+    seen: set[str] = set()
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        text = raw.split("\t", 1)[0].strip()
+        if not text or text.startswith("#") or text == "upper" or text in seen:
+            continue
+        seen.add(text)
+        lines.append(text)
+    if not lines:
+        raise ValueError(f"{path}: no upper lines")
+    return lines
+
+
+def check_url(url: str) -> str:
+    """``url`` without a trailing slash; an http(s) URL with a host, else ``ValueError``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+    return url.rstrip("/")
+
+
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+# ---- what to send -----------------------------------------------------------------------------
+
+
+@dataclass
+class RequestPlan:
+    """The deterministic sequence of request bodies of one run (see the module docstring)."""
+
+    lines: list[str]
+    unique_ratio: float = 1.0
+    hot_size: int = 16
+    seed: int = 0
+    sent_unique: int = 0
+    sent_hot: int = 0
+    sent_seeded: int = 0
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.unique_ratio <= 1.0:
+            raise ValueError(f"unique_ratio must be within 0..1, got {self.unique_ratio}")
+        if self.unique_ratio < 1.0 and self.hot_size < 1:
+            raise ValueError("a hot set of at least one line is needed when unique_ratio < 1")
+        hot = min(self.hot_size, len(self.lines) - 1) if self.unique_ratio < 1.0 else 0
+        self.hot = self.lines[len(self.lines) - hot:] if hot else []
+        self.fresh = self.lines[: len(self.lines) - hot]
+        if not self.fresh:
+            raise ValueError("no lines left for fresh requests")
+        self._rng = random.Random(self.seed)
+
+    @property
+    def greedy_pool(self) -> int:
+        """Fresh requests available before seeds are needed."""
+        return len(self.fresh) * len(STYLES)
+
+    def unique_body(self, k: int) -> dict[str, Any]:
+        """The ``k``-th fresh request. Plans with another ``seed`` start far along the same
+        sequence (seeded requests), so a second run with a new seed is fresh to a server that
+        has answered the first."""
+        k += self.seed * FRESH_SEED_STRIDE * self.greedy_pool
+        n = len(self.fresh)
+        line, rnd = self.fresh[k % n], k // n
+        body: dict[str, Any] = {"upper": line, "style": STYLES[rnd % len(STYLES)]}
+        if rnd >= len(STYLES):
+            body["seed"] = rnd // len(STYLES)
+        return body
+
+    def next_body(self) -> dict[str, Any]:
+        if self.unique_ratio >= 1.0 or self._rng.random() < self.unique_ratio:
+            body = self.unique_body(self.sent_unique)
+            self.sent_unique += 1
+            self.sent_seeded += "seed" in body
+            return body
+        self.sent_hot += 1
+        return {"upper": self._rng.choice(self.hot)}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            yield self.next_body()
+
+    def stats(self) -> dict[str, Any]:
+        return {"unique_ratio": self.unique_ratio, "hot_size": len(self.hot),
+                "lines": len(self.lines), "sent_fresh": self.sent_unique,
+                "sent_hot": self.sent_hot, "sent_fresh_seeded": self.sent_seeded}
+
+
+def warmup_body(lines: list[str], k: int) -> dict[str, Any]:
+    """A warm-up request: seeded from ``WARMUP_SEED_BASE``, never in a measured plan."""
+    return {"upper": lines[k % len(lines)], "seed": WARMUP_SEED_BASE + k}
+
+
+# ---- /metrics ---------------------------------------------------------------------------------
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> Samples:
+    """Prometheus text exposition -> {sample name: [(labels, value), ...]}."""
+    out: Samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        out.setdefault(m.group(1), []).append((labels, value))
+    return out
+
+
+def metric(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels`` (0 when absent)."""
+    return sum(v for got, v in samples.get(name, ()) if all(got.get(k) == x for k, x in labels.items()))
+
+
+def cache_counts(samples: Samples) -> tuple[float, float]:
+    """(hits over every store, lookups): each request consults the nearest store first, so the
+    lookups are those of the busiest store."""
+    per_store: dict[str, float] = {}
+    hits = 0.0
+    for labels, v in samples.get("chunlian_cache_requests_total", ()):
+        store = labels.get("store", "")
+        per_store[store] = per_store.get(store, 0.0) + v
+        if labels.get("result") == "hit":
+            hits += v
+    return hits, max(per_store.values(), default=0.0)
+
+
+def metrics_delta(before: Samples, after: Samples, seconds: float) -> dict[str, Any]:
+    """What the service did between two scrapes: hit ratio, mean batch, tokens/s, drops."""
+
+    def d(name: str) -> float:
+        return metric(after, name) - metric(before, name)
+
+    hits_b, looks_b = cache_counts(before)
+    hits_a, looks_a = cache_counts(after)
+    looks = looks_a - looks_b
+    steps = d("chunlian_engine_batch_size_count")
+    return {
+        "cache_hit_ratio": round((hits_a - hits_b) / looks, 4) if looks > 0 else None,
+        "cache_lookups": int(looks),
+        "mean_batch_size": round(d("chunlian_engine_batch_size_sum") / steps, 2) if steps > 0 else None,
+        "engine_steps": int(steps),
+        "tokens_per_s": round(d("chunlian_generated_tokens_total") / seconds, 1) if seconds > 0 else None,
+        "engine_completed": int(d("chunlian_engine_completed_total")),
+        "coalesced": int(d("chunlian_coalesced_requests_total")),
+        "deadline_drops": int(d("chunlian_deadline_drops_total")),
+        "overload_rejections": int(d("chunlian_overload_rejections_total")),
+    }
+
+
+# ---- CPU of a local process -------------------------------------------------------------------
+
+
+def proc_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (all its threads), from /proc; None when
+    unreadable (another OS, or the process is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: fields 14 and 15
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    """One answered (or failed) request."""
+
+    done_s: float  # since the window opened
+    latency_s: float
+    status: str  # "200", "429", ..., "timeout", "transport:ConnectError"
+    cached: bool | None = None
+
+
+@dataclass
+class LoadResult:
+    """Everything one run measured; ``report()`` is the flat summary."""
+
+    url: str
+    concurrency: int
+    duration_s: float
+    max_requests: int
+    window_s: float = 0.0
+    records: list[Record] = field(default_factory=list)
+    unfinished: int = 0
+    plan: dict[str, Any] = field(default_factory=dict)
+    server: dict[str, Any] | None = None
+    samples: list[dict[str, float]] = field(default_factory=list)
+    server_cpu_s: float | None = None
+    client_cpu_s: float = 0.0
+    warmup_requests: int = 0
+
+    def report(self) -> dict[str, Any]:
+        ok = [r for r in self.records if r.status == "200"]
+        lat = [r.latency_s * 1000 for r in ok]
+        hits = [r.latency_s * 1000 for r in ok if r.cached]
+        misses = [r.latency_s * 1000 for r in ok if r.cached is False]
+        errors: dict[str, int] = {}
+        for r in self.records:
+            if r.status != "200":
+                errors[r.status] = errors.get(r.status, 0) + 1
+        w = max(self.window_s, 1e-9)
+
+        def q(xs: list[float], p: float) -> float | None:
+            return round(percentile(xs, p), 1) if xs else None
+
+        def mean(xs: list[float]) -> float | None:
+            return round(sum(xs) / len(xs), 1) if xs else None
+
+        cores = os.cpu_count() or 1
+        out: dict[str, Any] = {
+            "url": self.url,
+            "concurrency": self.concurrency,
+            "duration_s": self.duration_s,
+            "window_s": round(self.window_s, 2),
+            "requests": len(self.records),
+            "ok": len(ok),
+            "unfinished": self.unfinished,
+            "requests_per_s": round(len(ok) / w, 1),
+            "errors": dict(sorted(errors.items())),
+            "error_rate": round(sum(errors.values()) / max(len(self.records), 1), 4),
+            "p50_ms": q(lat, 50), "p95_ms": q(lat, 95), "p99_ms": q(lat, 99),
+            "mean_ms": mean(lat), "max_ms": round(max(lat), 1) if lat else None,
+            "hits": len(hits), "misses": len(misses),
+            "cached_share": round(len(hits) / len(ok), 4) if ok else None,
+            "mean_hit_ms": mean(hits), "mean_miss_ms": mean(misses),
+            "p99_hit_ms": q(hits, 99), "p99_miss_ms": q(misses, 99),
+            "miss_requests_per_s": round(len(misses) / w, 1),
+            "warmup_requests": self.warmup_requests,
+            "client_cpu_s": round(self.client_cpu_s, 2),
+            "plan": self.plan,
+        }
+        if self.server is not None:
+            out.update(self.server)
+        if self.samples:
+            depth = [s["queue_depth"] for s in self.samples]
+            out["queue_depth_mean"] = round(sum(depth) / len(depth), 1)
+            out["queue_depth_max"] = int(max(depth))
+            gpu = [s["gpu_util"] for s in self.samples if "gpu_util" in s]
+            if gpu:
+                out["gpu_utilization_mean"] = round(sum(gpu) / len(gpu), 3)
+        if self.server_cpu_s is not None:
+            out["server_cpu_s"] = round(self.server_cpu_s, 2)
+            out["server_cpu_cores"] = round(self.server_cpu_s / w, 2)
+            out["server_cpu_util"] = round(self.server_cpu_s / w / cores, 3)
+            out["requests_per_cpu_s"] = round(len(ok) / self.server_cpu_s, 1) if self.server_cpu_s > 0 else None
+        out["host_cpus"] = cores
+        return out
+
+
+class _Progress:
+    """A tqdm bar over the window's seconds, with the answers so far (stderr)."""
+
+    def __init__(self, enabled: bool, duration_s: float, label: str) -> None:
+        self.bar: Any = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(duration_s, 1), desc=label, unit="s", leave=False,
+                            file=sys.stderr, bar_format="{desc} {bar} {n:.0f}/{total:.0f}s{postfix}")
+
+    def update(self, elapsed: float, ok: int, err: int) -> None:
+        if self.bar is None:
+            return
+        self.bar.n = min(round(elapsed, 1), self.bar.total)
+        rate = ok / elapsed if elapsed > 0 else 0.0
+        self.bar.set_postfix_str(f"ok={ok} err={err} {rate:.0f} req/s", refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+async def _scrape(client: httpx.AsyncClient) -> Samples | None:
+    try:
+        r = await client.get("/metrics", timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    return parse_metrics(r.text) if r.status_code == 200 else None
+
+
+async def _post(client: httpx.AsyncClient, body: bytes) -> tuple[str, bool | None]:
+    try:
+        r = await client.post(ENDPOINT, content=body, headers={"content-type": "application/json"})
+    except httpx.TimeoutException:
+        return "timeout", None
+    except httpx.TransportError as e:
+        return f"transport:{type(e).__name__}", None
+    if r.status_code != 200:
+        return str(r.status_code), None
+    try:
+        cached = bool(r.json().get("cached"))
+    except ValueError:
+        return "bad_json", None
+    return "200", cached
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False).encode()
+
+
+async def _warmup(client: httpx.AsyncClient, lines: list[str], concurrency: int, seconds: float) -> int:
+    """Send seeded warm-up requests for ``seconds``; wait for the last ones (not measured)."""
+    deadline = time.monotonic() + seconds
+    counter = iter(range(1 << 62))
+    sent = 0
+
+    async def worker() -> None:
+        nonlocal sent
+        while time.monotonic() < deadline:
+            sent += 1
+            await _post(client, _encode(warmup_body(lines, next(counter))))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return sent
+
+
+async def run_load_async(
+    url: str = DEFAULT_URL,
+    concurrency: int = 32,
+    duration_s: float = 10.0,
+    max_requests: int = 100_000,
+    plan: RequestPlan | None = None,
+    *,
+    warmup_s: float = 0.0,
+    timeout_s: float = 30.0,
+    sample_interval_s: float = 1.0,
+    server_pid: int | None = None,
+    progress: bool = False,
+    label: str = "load",
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> LoadResult:
+    """Run one bounded load against ``url`` and return what was measured."""
+    url = check_url(url)
+    if concurrency < 1 or duration_s <= 0 or max_requests < 1:
+        raise ValueError("concurrency and max_requests must be >= 1 and duration_s > 0")
+    plan = plan if plan is not None else RequestPlan(load_lines())
+    res = LoadResult(url, concurrency, duration_s, max_requests)
+    limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
+    async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits, transport=transport) as client:
+        if warmup_s > 0:
+            res.warmup_requests = await _warmup(client, plan.lines, concurrency, warmup_s)
+        before = await _scrape(client)
+        cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
+        ccpu0 = time.process_time()
+        bar = _Progress(progress, duration_s, label)
+        t0 = time.perf_counter()
+        deadline = t0 + duration_s
+        issued = 0
+        ok = err = 0
+        records = res.records
+
+        async def worker() -> None:
+            nonlocal issued, ok, err
+            while issued < max_requests and time.perf_counter() < deadline:
+                issued += 1
+                body = _encode(plan.next_body())
+                start = time.perf_counter()
+                status, cached = await _post(client, body)
+                end = time.perf_counter()
+                records.append(Record(end - t0, end - start, status, cached))
+                if status == "200":
+                    ok += 1
+                else:
+                    err += 1
+
+        async def sampler() -> None:
+            while True:
+                await asyncio.sleep(sample_interval_s)
+                s = await _scrape(client)
+                if s is not None:
+                    snap = {"t": time.perf_counter() - t0,
+                            "queue_depth": metric(s, "chunlian_queue_depth"),
+                            "running": metric(s, "chunlian_engine_running")}
+                    if "chunlian_gpu_utilization_ratio" in s:
+                        snap["gpu_util"] = metric(s, "chunlian_gpu_utilization_ratio")
+                    res.samples.append(snap)
+
+        async def ticker() -> None:
+            while True:
+                bar.update(time.perf_counter() - t0, ok, err)
+                await asyncio.sleep(0.25)
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+        helpers = [asyncio.ensure_future(ticker())]
+        if before is not None and sample_interval_s > 0:
+            helpers.append(asyncio.ensure_future(sampler()))
+        try:
+            _, pending = await asyncio.wait(workers, timeout=max(0.0, deadline - time.perf_counter()))
+            res.window_s = min(time.perf_counter(), deadline) - t0 if pending else (
+                max((r.done_s for r in records), default=0.0))
+            res.unfinished = len(pending)
+            for task in pending:
+                task.cancel()
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*pending, *helpers, return_exceptions=True)
+        finally:
+            bar.close()
+        # answers that arrived after the window closed (cancellation raced them) are not counted
+        kept = [r for r in records if r.done_s <= res.window_s + 1e-6]
+        res.unfinished += len(records) - len(kept)
+        res.records = kept
+        res.client_cpu_s = time.process_time() - ccpu0
+        if server_pid:
+            cpu1 = proc_cpu_seconds(server_pid)
+            if cpu0 is not None and cpu1 is not None:
+                res.server_cpu_s = cpu1 - cpu0
+        after = await _scrape(client)
+        if before is not None and after is not None:
+            res.server = metrics_delta(before, after, res.window_s)
+    res.plan = plan.stats()
+    return res
+
+
+def run_load(*args: Any, **kwargs: Any) -> LoadResult:
+    """``run_load_async`` in a fresh event loop."""
+    return asyncio.run(run_load_async(*args, **kwargs))
+
+
+# ---- presentation -----------------------------------------------------------------------------
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    """A short human-readable summary of ``LoadResult.report()``."""
+    rows = [
+        ("url", rep["url"]),
+        ("concurrency", rep["concurrency"]),
+        ("window", f'{rep["window_s"]} s ({rep["requests"]} answered, {rep["unfinished"]} unfinished)'),
+        ("requests/s", rep["requests_per_s"]),
+        ("latency p50/p95/p99", f'{rep["p50_ms"]} / {rep["p95_ms"]} / {rep["p99_ms"]} ms'),
+        ("mean latency hit/miss", f'{rep["mean_hit_ms"]} / {rep["mean_miss_ms"]} ms'),
+        ("errors by status", rep["errors"] or "none"),
+        ("cached answers (client)", rep["cached_share"]),
+        ("cache hit ratio (/metrics)", rep.get("cache_hit_ratio")),
+        ("mean batch size (/metrics)", rep.get("mean_batch_size")),
+        ("tokens/s (/metrics)", rep.get("tokens_per_s")),
+        ("queue depth mean/max", f'{rep.get("queue_depth_mean")} / {rep.get("queue_depth_max")}'),
+    ]
+    if "server_cpu_cores" in rep:
+        rows.append(("server CPU", f'{rep["server_cpu_cores"]} cores ({rep["server_cpu_util"]:.0%} of {rep["host_cpus"]})'))
+    if "gpu_utilization_mean" in rep:
+        rows.append(("GPU utilisation", rep["gpu_utilization_mean"]))
+    return "\n".join(f"{k:28s} {v}" for k, v in rows)
+
+
+def plot_timeline(res: LoadResult, path: Path, title: str | None = None) -> Path:
+    """Requests/s and latency (p50/p99 of each second; hits and misses) over the window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    secs = max(1, int(res.window_s + 0.999))
+    ok = [r for r in res.records if r.status == "200"]
+    per_s: list[list[float]] = [[] for _ in range(secs)]
+    for r in ok:
+        per_s[min(secs - 1, int(r.done_s))].append(r.latency_s * 1000)
+    xs = [i + 0.5 for i in range(secs)]
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    a1.bar(xs, [len(b) for b in per_s], width=0.9, color="#c0392b")
+    a1.set_ylabel("answers / s")
+    a1.set_title(title or f"{res.url}  concurrency {res.concurrency}")
+    for cached, color, name in ((True, "#27ae60", "hit"), (False, "#2c3e50", "miss")):
+        pts = [(r.done_s, r.latency_s * 1000) for r in ok if r.cached is cached]
+        if pts:
+            a2.scatter(*zip(*pts, strict=True), s=3, alpha=0.25, color=color, label=f"{name}")
+    a2.plot(xs, [percentile(b, 50) if b else float("nan") for b in per_s], color="#e67e22", label="p50")
+    a2.plot(xs, [percentile(b, 99) if b else float("nan") for b in per_s], color="#8e44ad", label="p99")
+    a2.set_yscale("log")
+    a2.set_ylabel("latency (ms)")
+    a2.set_xlabel("seconds into the window")
+    a2.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

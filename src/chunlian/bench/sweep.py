@@ -1,0 +1,249 @@
+"""``chunlian bench sweep``: throughput and p99 against ``max_batch_size`` (and ``max_wait_ms``).
+
+For every point the service is started afresh (``python -m chunlian.api`` in a subprocess on
+a free loopback port, the result cache off so that every request reaches the model, no
+start-up warm-up), warmed up by the load generator for a moment, then driven with the same
+closed-loop load; the point's figures come from the client and from ``/metrics``. The
+results go to a Markdown table, a JSON file and a PNG plot.
+
+Inherited ``CHUNLIAN_*`` variables are not passed on: every point runs the defaults plus the
+point's own settings (and ``--model-path``, ``--device``, ``--torch-threads`` when given), so
+a Redis URL or a cache size in the caller's environment cannot leak into the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chunlian.bench.loadgen import RequestPlan, load_lines, run_load
+
+DEFAULT_BATCH_SIZES = (1, 4, 8, 16, 32, 64, 128)
+DEFAULT_WAITS_MS = (0.0, 5.0, 20.0)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_env(settings: Mapping[str, object], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) without any ``CHUNLIAN_*`` variable,
+    plus ``CHUNLIAN_<NAME>`` for each of ``settings`` (None values left out)."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not k.upper().startswith("CHUNLIAN_")}
+    for name, value in settings.items():
+        if value is not None:
+            env[f"CHUNLIAN_{name.upper()}"] = str(value)
+    return env
+
+
+@dataclass
+class ServerProcess:
+    """One ``python -m chunlian.api`` child on a loopback port."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+@contextmanager
+def run_server(settings: Mapping[str, object], ready_limit_s: float = 180.0) -> Iterator[ServerProcess]:
+    """Start the service with ``settings`` (``CHUNLIAN_*`` names, lower case), wait until
+    ``/readyz`` says 200, yield it, then stop it (SIGTERM, then SIGKILL after 20 s)."""
+    port = free_port()
+    base = {"host": "127.0.0.1", "port": port, "warmup": "", "log_level": "WARNING"}
+    env = server_env({**base, **settings})
+    fd, log_name = tempfile.mkstemp(prefix="chunlian-bench-", suffix=".log")
+    log_path = Path(log_name)
+    with os.fdopen(fd, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "chunlian.api"], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+    srv = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        deadline = time.monotonic() + ready_limit_s
+        with httpx.Client(base_url=srv.url, timeout=5.0) as c:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the service exited with {proc.returncode}:\n{srv.log_tail()}")
+                try:
+                    if c.get("/readyz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the service was not ready in {ready_limit_s:.0f} s:\n{srv.log_tail()}")
+                time.sleep(0.2)
+        yield srv
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        log_path.unlink(missing_ok=True)
+
+
+def point_row(batch: int, wait_ms: float, rep: dict[str, Any]) -> dict[str, Any]:
+    """The sweep table's row for one point."""
+    return {
+        "max_batch_size": batch, "max_wait_ms": wait_ms,
+        "requests_per_s": rep["requests_per_s"], "p50_ms": rep["p50_ms"], "p95_ms": rep["p95_ms"],
+        "p99_ms": rep["p99_ms"], "mean_batch_size": rep.get("mean_batch_size"),
+        "tokens_per_s": rep.get("tokens_per_s"), "errors": sum(rep["errors"].values()),
+        "error_rate": rep["error_rate"], "server_cpu_cores": rep.get("server_cpu_cores"),
+        "queue_depth_mean": rep.get("queue_depth_mean"), "requests": rep["requests"],
+    }
+
+
+def pick_best(rows: list[dict[str, Any]], slo_p99_ms: float, near: float = 0.05) -> dict[str, Any] | None:
+    """The best point: among those without errors and with p99 within the SLO, the ones
+    within ``near`` of the highest requests/s; of those, the lowest p99. Without any point
+    inside the SLO, the highest requests/s."""
+    ok = [r for r in rows if r["errors"] == 0 and r["p99_ms"] is not None and r["p99_ms"] <= slo_p99_ms]
+    pool = ok or [r for r in rows if r["p99_ms"] is not None]
+    if not pool:
+        return None
+    top = max(r["requests_per_s"] for r in pool)
+    close = [r for r in pool if r["requests_per_s"] >= (1 - near) * top]
+    return min(close, key=lambda r: (r["p99_ms"], r["max_batch_size"]))
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:g}" if abs(v) >= 100 or v == int(v) else f"{v:.2f}".rstrip("0").rstrip(".")
+    return str(v)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The sweep as a Markdown table, one row per point."""
+    cols = [("max_batch_size", "max_batch_size"), ("max_wait_ms", "max_wait_ms"),
+            ("requests_per_s", "requests/s"), ("p50_ms", "p50 ms"), ("p95_ms", "p95 ms"),
+            ("p99_ms", "p99 ms"), ("mean_batch_size", "mean batch"), ("tokens_per_s", "tokens/s"),
+            ("server_cpu_cores", "server CPU (cores)"), ("errors", "errors")]
+    head = "| " + " | ".join(t for _, t in cols) + " |"
+    rule = "|" + "|".join("---:" for _ in cols) + "|"
+    body = ["| " + " | ".join(_fmt(r.get(k)) for k, _ in cols) + " |" for r in rows]
+    return "\n".join([head, rule, *body])
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """Requests/s and p99 against max_batch_size, one line per max_wait_ms (log2 x axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for wait in sorted({r["max_wait_ms"] for r in rows}):
+        pts = sorted((r for r in rows if r["max_wait_ms"] == wait), key=lambda r: r["max_batch_size"])
+        xs = [r["max_batch_size"] for r in pts]
+        a1.plot(xs, [r["requests_per_s"] for r in pts], marker="o", label=f"max_wait_ms={_fmt(wait)}")
+        a2.plot(xs, [r["p99_ms"] if r["p99_ms"] is not None else float("nan") for r in pts],
+                marker="o", label=f"max_wait_ms={_fmt(wait)}")
+    for ax, ylabel in ((a1, "requests/s (cache off)"), (a2, "p99 latency (ms)")):
+        ax.set_xscale("log", base=2)
+        xt = sorted({r["max_batch_size"] for r in rows})
+        ax.set_xticks(xt, [str(x) for x in xt])
+        ax.set_xlabel("max_batch_size")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    a2.set_yscale("log")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_sweep(
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+    waits_ms: tuple[float, ...] = DEFAULT_WAITS_MS,
+    *,
+    concurrency: int = 128,
+    duration_s: float = 10.0,
+    warmup_s: float = 2.0,
+    max_requests: int = 1_000_000,
+    data: Path | None = None,
+    unique_ratio: float = 1.0,
+    extra_settings: Mapping[str, object] | None = None,
+    progress: bool = True,
+    log: Any = None,
+) -> list[dict[str, Any]]:
+    """Run every (max_wait_ms, max_batch_size) point; return one row per point (with the
+    full load report under ``"report"``)."""
+    lines = load_lines(data)
+    rows: list[dict[str, Any]] = []
+    for wait in waits_ms:
+        for batch in batch_sizes:
+            settings = {**(extra_settings or {}), "max_batch_size": batch, "max_wait_ms": wait,
+                        "cache_size": 0}
+            with run_server(settings) as srv:
+                res = run_load(srv.url, concurrency, duration_s, max_requests,
+                               RequestPlan(lines, unique_ratio=unique_ratio), warmup_s=warmup_s,
+                               server_pid=srv.pid, progress=progress,
+                               label=f"batch {batch:>3} wait {wait:g} ms")
+            rep = res.report()
+            row = point_row(batch, wait, rep)
+            rows.append({**row, "report": rep})
+            if log is not None:
+                print(f"max_batch_size={batch:<4} max_wait_ms={wait:<5g} {row['requests_per_s']:>8} req/s  "
+                      f"p99 {row['p99_ms']} ms  mean batch {row['mean_batch_size']}  errors {row['errors']}",
+                      file=log, flush=True)
+    return rows
+
+
+def write_outputs(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any], slo_p99_ms: float,
+                  plot_path: Path | None = None) -> dict[str, Path]:
+    """sweep.md, sweep.json and the plot (sweep.png, or ``plot_path``) under ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = [{k: v for k, v in r.items() if k != "report"} for r in rows]
+    best = pick_best(table, slo_p99_ms)
+    md = [f"# chunlian sweep: {meta.get('title', '')}".rstrip(": "), "",
+          "Closed-loop load, cache off, every request a fresh real upper line. "
+          + ", ".join(f"{k}={v}" for k, v in meta.items() if k != "title"), "",
+          markdown_table(table), ""]
+    if best is not None:
+        md.append(f"Best here: max_batch_size={best['max_batch_size']}, "
+                  f"max_wait_ms={_fmt(best['max_wait_ms'])} ({best['requests_per_s']} req/s, "
+                  f"p99 {best['p99_ms']} ms; rule: highest requests/s without errors and p99 <= "
+                  f"{slo_p99_ms:g} ms, ties within 5% broken by the lower p99).")
+    paths = {"md": out_dir / "sweep.md", "json": out_dir / "sweep.json",
+             "png": plot_path or out_dir / "sweep.png"}
+    paths["md"].write_text("\n".join(md) + "\n", encoding="utf-8")
+    paths["json"].write_text(json.dumps({"meta": meta, "best": best, "slo_p99_ms": slo_p99_ms,
+                                         "rows": rows}, ensure_ascii=False, indent=1), encoding="utf-8")
+    plot_sweep(table, paths["png"], title=str(meta.get("title", "")))
+    return paths

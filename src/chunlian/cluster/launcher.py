@@ -1,0 +1,473 @@
+"""Start (and stop) a whole chunlian topology on one machine: N service instances sharing
+one Redis, W Celery workers, and nginx in front, each a child process in its own process
+group.
+
+``Cluster(spec).start()`` spawns everything, waits until every instance's ``/readyz`` says
+200 and nginx answers ``/nginx-health``, and returns; ``stop()`` stops everything it
+started (nginx first, so no new request reaches an instance that is going away), killing
+whole process groups, so nothing is left behind even when a child died early or spawned
+children of its own. Each child also gets SIGTERM from the kernel if the launching thread
+dies (``PR_SET_PDEATHSIG``), so even a SIGKILLed launcher leaves nothing running.
+
+Redis is not started here: it is shared state that outlives a cluster (``--redis-url``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import http.client
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from chunlian.cluster.nginx import (
+    ClusterError,
+    NginxConfig,
+    check_config,
+    nginx_binary,
+    nginx_command,
+    write,
+)
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+WORKER_READY = " ready."  # Celery's log line once a worker consumes ("celery@host ready.")
+PR_SET_PDEATHSIG = 1
+
+Say = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+# ---- helpers -------------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1", avoid: Sequence[int] = ()) -> int:
+    """A TCP port that is free on ``host`` right now."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise ClusterError("could not find a free port")
+
+
+def http_status(host: str, port: int, path: str, timeout: float = 2.0) -> int | None:
+    """The status of ``GET path``, or None when nothing answers."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"Connection": "close"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent_of(parent: int) -> Callable[[], None]:
+    """For the child before exec: SIGTERM when the launching thread dies; and if the
+    launcher already died between fork and here (no signal will come), exit at once."""
+
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def worker_command() -> list[str] | None:
+    """The command that runs one Celery worker (``chunlian worker``), or None when this build
+    has no jobs module (``chunlian.jobs`` and its ``worker`` command)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("chunlian.jobs.cli") is None:
+            return None
+        from chunlian.cli import build_parser
+
+        parser = build_parser()
+    except Exception:  # noqa: BLE001 - a half-written jobs module means: no workers
+        return None
+    for action in parser._subparsers._group_actions if parser._subparsers else ():  # noqa: SLF001
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict) and "worker" in choices:
+            return [sys.executable, "-m", "chunlian.cli", "worker", "--loglevel", "INFO"]
+    return None
+
+
+def _setting_default(name: str) -> Any:
+    from chunlian.config import Settings
+
+    return Settings.model_fields[name].default
+
+
+def _env_number(env: Mapping[str, str], name: str, cast: Callable[[str], Any]) -> Any:
+    key = f"CHUNLIAN_{name.upper()}"
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return _setting_default(name)
+    try:
+        return cast(raw)
+    except ValueError:
+        raise ClusterError(f"{key}: expected a number, got {raw!r}") from None
+
+
+# ---- the spec and the children -------------------------------------------------------------
+@dataclass
+class ClusterSpec:
+    """What to start. Ports of 0 / None are picked free."""
+
+    instances: int = 2
+    port: int = 8000  # nginx listens here
+    host: str = "127.0.0.1"  # nginx listens on this address
+    workers: int = 0
+    redis_url: str = DEFAULT_REDIS_URL
+    broker_url: str | None = None  # Celery's; default $CHUNLIAN_BROKER_URL, else redis_url when workers > 0
+    torch_threads: int | None = None  # None: cores // instances (at least 1)
+    instance_ports: Sequence[int] = ()  # default: free loopback ports
+    instance_host: str = "127.0.0.1"
+    prefix: Path | None = None  # default: a temporary directory, removed by stop()
+    ready_timeout_s: float = 120.0
+    stop_grace_s: float = 15.0
+    nginx: str | None = None  # the nginx binary; default: on PATH or /usr/sbin/nginx
+    nginx_worker_processes: str = "auto"
+    deadline_s: float | None = None  # default: max(30 s, the service's default deadline)
+    access_log: bool = True
+    env: Mapping[str, str] = field(default_factory=dict)  # extra env for every child
+
+    def validate(self) -> None:
+        if self.instances < 1:
+            raise ClusterError(f"--instances must be at least 1, got {self.instances}")
+        if self.workers < 0:
+            raise ClusterError(f"--workers must be 0 or more, got {self.workers}")
+        if not 0 <= self.port < 65536:
+            raise ClusterError(f"--port must be 0-65535, got {self.port}")
+        if self.instance_ports and len(self.instance_ports) != self.instances:
+            raise ClusterError(f"give {self.instances} instance ports, got {len(self.instance_ports)}")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ClusterError(f"--torch-threads must be at least 1, got {self.torch_threads}")
+        for flag, url in (("--redis-url", self.redis_url), ("--broker-url", self.broker_url)):
+            if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
+                raise ClusterError(f"{flag} must be a redis:// URL, got {url!r}")
+
+
+@dataclass
+class Child:
+    """One started process (the leader of its own process group)."""
+
+    role: str  # "instance", "worker" or "nginx"
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+    port: int | None = None
+    instance_id: str | None = None
+    ready: bool = False
+    reported_exit: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-lines:])
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)  # start_new_session: the pgid is the pid
+
+
+class Cluster:
+    """The started topology; use as a context manager or call ``start``/``stop``."""
+
+    def __init__(self, spec: ClusterSpec, say: Say = _quiet) -> None:
+        spec.validate()
+        self.spec = spec
+        self.say = say
+        self.children: list[Child] = []
+        self.nginx_cfg: NginxConfig | None = None
+        self.prefix: Path | None = None
+        self._own_prefix = False
+        self._keep_prefix = False
+        self._stopped = False
+        self._lock = threading.Lock()
+        self.ready_s: float | None = None
+        self.worker_note: str | None = None
+        self.broker_url: str | None = None
+
+    # ---- views ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.spec.host}:{self.spec.port}"
+
+    @property
+    def instances(self) -> list[Child]:
+        return [c for c in self.children if c.role == "instance"]
+
+    @property
+    def workers(self) -> list[Child]:
+        return [c for c in self.children if c.role == "worker"]
+
+    @property
+    def nginx(self) -> Child | None:
+        return next((c for c in self.children if c.role == "nginx"), None)
+
+    def describe(self) -> dict[str, Any]:
+        """Where everything runs (JSON-able)."""
+        ng = self.nginx
+        return {
+            "url": self.url,
+            "ready_s": self.ready_s,
+            "prefix": str(self.prefix) if self.prefix else None,
+            "redis_url": self.spec.redis_url,
+            "broker_url": self.broker_url,
+            "nginx": None if ng is None else {
+                "pid": ng.pid, "url": self.url, "health": f"{self.url}/nginx-health",
+                "config": str(self.nginx_cfg.conf_path) if self.nginx_cfg else None,
+                "log": str(ng.log_path), "access_log": str(ng.log_path.with_name("access.log")),
+            },
+            "instances": [
+                {"id": c.instance_id, "pid": c.pid, "port": c.port,
+                 "url": f"http://{self.spec.instance_host}:{c.port}", "log": str(c.log_path)}
+                for c in self.instances
+            ],
+            "workers": [{"name": c.name, "pid": c.pid, "log": str(c.log_path)} for c in self.workers],
+            "workers_note": self.worker_note,
+            "pgids": [c.pid for c in self.children],
+        }
+
+    # ---- start ---------------------------------------------------------------------------
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, stop: threading.Event | None = None) -> Cluster:
+        """Spawn everything and wait until it is ready; on any failure (or ``stop`` set)
+        stop what was started and raise ``ClusterError``."""
+        try:
+            self._start(stop or threading.Event())
+        except BaseException:
+            self._keep_prefix = True  # the logs say why; the error names where they are
+            self.stop()
+            raise
+        return self
+
+    def _start(self, stop: threading.Event) -> None:
+        spec = self.spec
+        t0 = time.monotonic()
+        binary = nginx_binary(spec.nginx)  # fail before spawning anything
+        env = {**os.environ, **spec.env}
+        worker_cmd = worker_command() if spec.workers else None
+        if spec.workers and worker_cmd is None:
+            self.worker_note = (f"{spec.workers} worker(s) requested but this build has no jobs "
+                                "module (chunlian.jobs with a 'worker' command): starting none")
+            self.say(f"note: {self.worker_note}")
+
+        broker = spec.broker_url or env.get("CHUNLIAN_BROKER_URL") or None
+        if broker is None and worker_cmd is not None:
+            broker = spec.redis_url  # the workers and every instance share one job queue
+        if broker is not None:
+            env["CHUNLIAN_BROKER_URL"] = broker
+        elif spec.instances > 1:
+            self.say("note: no broker and no workers: bulk jobs run in-process, so a job is known "
+                     "only to the instance that took it (use --workers W to share them)")
+        self.broker_url = broker
+
+        if spec.prefix is None:
+            self.prefix = Path(tempfile.mkdtemp(prefix="chunlian-cluster-"))
+            self._own_prefix = True
+        else:
+            self.prefix = spec.prefix.resolve()
+            self.prefix.mkdir(parents=True, exist_ok=True)
+        (self.prefix / "logs").mkdir(exist_ok=True)
+
+        ports = list(spec.instance_ports)
+        while len(ports) < spec.instances:
+            ports.append(free_port(spec.instance_host, avoid=[spec.port, *ports]))
+
+        default_timeout_s = _env_number(env, "default_timeout_ms", int) / 1000.0
+        deadline_s = spec.deadline_s or max(30.0, default_timeout_s)
+        self.nginx_cfg = NginxConfig(
+            upstreams=tuple(f"{spec.instance_host}:{p}" for p in ports),
+            prefix=self.prefix / "nginx",
+            listen=f"{spec.host}:{spec.port}",
+            deadline_s=deadline_s,
+            body_limit_bytes=_env_number(env, "body_limit_bytes", int),
+            worker_processes=spec.nginx_worker_processes,
+            access_log=spec.access_log,
+        )
+        write(self.nginx_cfg)
+        check_config(binary, self.nginx_cfg)
+
+        threads = spec.torch_threads
+        if threads is None and not env.get("CHUNLIAN_TORCH_THREADS"):
+            threads = max(1, (os.cpu_count() or 1) // spec.instances)
+        host_name = socket.gethostname()
+        for i, port in enumerate(ports, start=1):
+            child_env = {
+                **env,
+                "CHUNLIAN_HOST": spec.instance_host,
+                "CHUNLIAN_PORT": str(port),
+                "CHUNLIAN_REDIS_URL": spec.redis_url,
+                "CHUNLIAN_INSTANCE_ID": f"{host_name}:{port}",
+                "PYTHONUNBUFFERED": "1",
+            }
+            if threads is not None:
+                child_env["CHUNLIAN_TORCH_THREADS"] = str(threads)
+            child = self._spawn("instance", f"instance-{i}", [sys.executable, "-m", "chunlian.api"], child_env)
+            child.port = port
+            child.instance_id = child_env["CHUNLIAN_INSTANCE_ID"]
+        if worker_cmd is not None:
+            for i in range(1, spec.workers + 1):
+                child_env = {
+                    **env,
+                    "CHUNLIAN_REDIS_URL": spec.redis_url,
+                    "CHUNLIAN_INSTANCE_ID": f"{host_name}-worker-{i}",
+                    "PYTHONUNBUFFERED": "1",
+                }
+                if threads is not None:
+                    child_env["CHUNLIAN_TORCH_THREADS"] = str(threads)
+                self._spawn("worker", f"worker-{i}", worker_cmd, child_env)
+        ng = self._spawn("nginx", "nginx", nginx_command(binary, self.nginx_cfg), env)
+        ng.log_path = self.nginx_cfg.prefix / "logs" / "error.log"  # where nginx says why
+        self._wait_ready(stop, t0)
+        self.ready_s = round(time.monotonic() - t0, 2)
+
+    def _spawn(self, role: str, name: str, cmd: list[str], env: Mapping[str, str]) -> Child:
+        assert self.prefix is not None
+        log_path = self.prefix / "logs" / f"{name}.log"
+        log_file = open(log_path, "ab")  # noqa: SIM115 - closed by stop()
+        try:
+            proc = subprocess.Popen(
+                cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log_file,
+                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                preexec_fn=_die_with_parent_of(os.getpid()),  # noqa: PLW1509 - prctl + getppid only
+            )
+        except OSError as e:
+            log_file.close()
+            raise ClusterError(f"could not start {name} ({cmd[0]}): {e}") from None
+        child = Child(role, name, proc, log_path, log_file)
+        with self._lock:
+            self.children.append(child)
+        return child
+
+    def _wait_ready(self, stop: threading.Event, t0: float) -> None:
+        spec = self.spec
+        deadline = t0 + spec.ready_timeout_s
+        nginx_ok = False
+        while True:
+            for c in self.children:
+                if not c.alive:
+                    raise ClusterError(
+                        f"{c.name} (pid {c.pid}) exited with status {c.proc.returncode} during "
+                        f"start-up; the end of its log ({c.log_path}):\n{c.log_tail()}"
+                    )
+            for c in self.instances:
+                if not c.ready and c.port is not None:
+                    c.ready = http_status(spec.instance_host, c.port, "/readyz") == 200
+            if not nginx_ok:
+                nginx_ok = http_status(spec.host, spec.port, "/nginx-health") == 200
+            for c in self.workers:
+                c.ready = c.ready or WORKER_READY in c.log_tail(40)
+            if (nginx_ok and all(c.ready for c in self.instances) and all(c.ready for c in self.workers)
+                    and http_status(spec.host, spec.port, "/readyz") == 200):  # the path through nginx
+                return
+            if time.monotonic() > deadline:
+                waiting = [c.name for c in self.children if c.role != "nginx" and not c.ready]
+                waiting += [] if nginx_ok else ["nginx"]
+                raise ClusterError(
+                    f"not ready after {spec.ready_timeout_s:.0f} s (still waiting for "
+                    f"{', '.join(waiting) or 'the path through nginx'}); logs in {self.prefix}/logs"
+                )
+            if stop.wait(0.25):
+                raise ClusterError("interrupted during start-up")
+
+    # ---- running -------------------------------------------------------------------------
+    def newly_exited(self) -> list[Child]:
+        """Children that exited since the last call (each reported once)."""
+        out = []
+        for c in self.children:
+            if not c.alive and not c.reported_exit:
+                c.reported_exit = True
+                out.append(c)
+        return out
+
+    def healthy(self) -> bool:
+        """nginx runs and at least one instance runs."""
+        ng = self.nginx
+        return ng is not None and ng.alive and any(c.alive for c in self.instances)
+
+    # ---- stop ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop everything started (idempotent): nginx gracefully, then instances and workers
+        with SIGTERM; whatever is left after the grace period (and anything else in their
+        process groups) is SIGKILLed; the temporary prefix is removed."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            children = list(self.children)
+        grace = self.spec.stop_grace_s
+        ng = [c for c in children if c.role == "nginx"]
+        rest = [c for c in children if c.role != "nginx"]
+        for c in ng:
+            if c.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    c.proc.send_signal(signal.SIGQUIT)  # graceful: finish in-flight requests
+        self._wait(ng, min(grace, 5.0))
+        for c in rest:
+            if c.alive:
+                c.signal_group(signal.SIGTERM)
+        self._wait(rest, grace)
+        for c in children:
+            c.signal_group(signal.SIGKILL)  # the leader if still there, and any stragglers
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(timeout=5.0)
+            c.log_file.close()
+        if self._own_prefix and not self._keep_prefix and self.prefix is not None:
+            shutil.rmtree(self.prefix, ignore_errors=True)
+
+    @staticmethod
+    def _wait(children: Sequence[Child], limit_s: float) -> None:
+        end = time.monotonic() + limit_s
+        for c in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.proc.wait(timeout=max(0.0, end - time.monotonic()))

@@ -1,0 +1,215 @@
+"""The nginx front of a chunlian cluster: render its config from the shipped template.
+
+The template (``chunlian/cluster/nginx.conf.template``, also reachable as
+``deploy/nginx/chunlian.conf.template`` in a checkout) holds every directive; this module
+only fills in ``{{name}}`` placeholders from an ``NginxConfig``. A deployment changes
+parameters, never the rendered file, so what runs is always what was tested.
+
+What the rendered config does (see the template's comments):
+* one ``upstream`` of N instances, ``least_conn``, with idle keep-alive connections;
+* proxy timeouts that leave room for the service's own deadline (the service answers 504
+  itself; nginx gives up ``deadline_margin_s`` later, only on a hung instance);
+* ``client_max_body_size`` = the service's body limit (413 in the service's error shape);
+* ``X-Request-Id`` passed through (the client's if sane, else ``$request_id``);
+* retry on the next instance for connection errors, timeouts, 502 and 503 only; POSTs are
+  re-sent (``non_idempotent``) only under ``/v1/couplets`` (idempotent: same input, same
+  cached answer), never under ``/v1/jobs``;
+* ``/nginx-health``; pid, logs and temp files inside ``prefix``.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from chunlian.errors import ChunlianError
+
+TEMPLATE_NAME = "nginx.conf.template"
+CONF_NAME = "nginx.conf"
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+INSTALL_HINT = "install it with: bash scripts/install-nginx.sh (or apt-get install -y nginx)"
+
+
+class ClusterError(ChunlianError):
+    """The cluster could not be configured, started or kept running."""
+
+    code = "cluster_error"
+
+
+@dataclass(frozen=True)
+class NginxConfig:
+    """Everything a rendered nginx config depends on."""
+
+    upstreams: tuple[str, ...]  # "host:port" of each service instance
+    prefix: Path  # pid, logs, temp files and the config itself live here
+    listen: str = "127.0.0.1:8000"  # "port", "host:port" or "[v6]:port"
+    listen_options: str = ""  # e.g. "backlog=4096 reuseport"
+    deadline_s: float = 30.0  # longest request deadline the service is allowed to use
+    deadline_margin_s: float = 5.0  # nginx waits this much longer than the deadline
+    connect_timeout_s: float = 2.0
+    send_timeout_s: float = 10.0
+    body_limit_bytes: int = 1_000_000  # = CHUNLIAN_BODY_LIMIT_BYTES
+    worker_processes: str = "auto"
+    worker_connections: int = 4096
+    upstream_keepalive: int = 32  # idle connections per nginx worker
+    max_fails: int = 1
+    fail_timeout_s: int = 5
+    access_log: bool = True
+    error_log_level: str = "warn"
+    user: str | None = None  # the 'user' directive; None: default_user()
+
+    @property
+    def conf_path(self) -> Path:
+        return self.prefix / CONF_NAME
+
+    @property
+    def read_timeout_s(self) -> float:
+        return self.deadline_s + self.deadline_margin_s
+
+    def validate(self) -> None:
+        """Raise ``ClusterError`` naming the first bad parameter."""
+        if not self.upstreams:
+            raise ClusterError("nginx needs at least one upstream instance")
+        for up in self.upstreams:
+            m = _HOST_PORT.match(up)
+            if m is None or not 0 < int(m.group(2)) < 65536:
+                raise ClusterError(f"upstream must be HOST:PORT, got {up!r}")
+        listen = self.listen
+        if not (listen.isdigit() or _HOST_PORT.match(listen)):
+            raise ClusterError(f"listen must be PORT or HOST:PORT, got {listen!r}")
+        if self.deadline_s <= 0 or self.deadline_margin_s <= 0:
+            raise ClusterError("deadline_s and deadline_margin_s must be positive")
+        if self.body_limit_bytes < 1024:
+            raise ClusterError(f"body_limit_bytes must be at least 1024, got {self.body_limit_bytes}")
+        if not re.fullmatch(r"auto|[1-9][0-9]*", str(self.worker_processes)):
+            raise ClusterError(f"worker_processes must be 'auto' or a positive number, got {self.worker_processes!r}")
+
+
+def template_text() -> str:
+    """The shipped template."""
+    return resources.files("chunlian.cluster").joinpath(TEMPLATE_NAME).read_text(encoding="utf-8")
+
+
+def fill(template: str, values: Mapping[str, object]) -> str:
+    """Replace every ``{{name}}``; a placeholder without a value (or a value no placeholder
+    uses) is an error, so the template and the renderer cannot drift apart silently."""
+    used: set[str] = set()
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in values:
+            raise ClusterError(f"nginx template placeholder {{{{{name}}}}} has no value")
+        used.add(name)
+        return str(values[name])
+
+    out = _PLACEHOLDER.sub(sub, template)
+    unused = set(values) - used
+    if unused:
+        raise ClusterError(f"nginx template does not use: {', '.join(sorted(unused))}")
+    return out
+
+
+def default_user() -> str | None:
+    """``nobody <its group>`` when nginx will start as root (its workers drop to it), else
+    None (the directive only matters, and is only allowed quietly, for root)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pw = pwd.getpwnam("nobody")
+        group = grp.getgrgid(pw.pw_gid).gr_name
+    except KeyError:
+        return "root"  # a minimal image without 'nobody'
+    return f"nobody {group}"
+
+
+def _secs(x: float) -> str:
+    return str(max(1, round(x)))
+
+
+def render(cfg: NginxConfig) -> str:
+    """The nginx.conf text for ``cfg``."""
+    cfg.validate()
+    user = cfg.user if cfg.user is not None else default_user()
+    servers = "\n".join(
+        f"        server {up} max_fails={cfg.max_fails} fail_timeout={cfg.fail_timeout_s}s;"
+        for up in cfg.upstreams
+    )
+    prefix = str(cfg.prefix.resolve())
+    values: dict[str, object] = {
+        "instances": len(cfg.upstreams),
+        "rendered_by": "chunlian cluster",
+        "prefix": prefix,
+        "conf_path": str(cfg.conf_path.resolve()),
+        "user_line": f"user {user};" if user else "# (no 'user' directive: nginx runs as the invoking user)",
+        "worker_processes": cfg.worker_processes,
+        "error_log_level": cfg.error_log_level,
+        "worker_connections": cfg.worker_connections,
+        "client_max_body_size": cfg.body_limit_bytes,
+        # bodies up to the limit stay in memory: no temp file per request
+        "client_body_buffer_size": min(cfg.body_limit_bytes, 1_048_576),
+        "access_log": f"{prefix}/logs/access.log chunlian" if cfg.access_log else "off",
+        "upstream_servers": servers,
+        "upstream_keepalive": cfg.upstream_keepalive,
+        "listen": cfg.listen,
+        "listen_options": f" {cfg.listen_options}" if cfg.listen_options else "",
+        "deadline_s": _secs(cfg.deadline_s),
+        "deadline_margin_s": _secs(cfg.deadline_margin_s),
+        "connect_timeout_s": _secs(cfg.connect_timeout_s),
+        "send_timeout_s": _secs(cfg.send_timeout_s),
+        "read_timeout_s": _secs(cfg.read_timeout_s),
+        "next_upstream_tries": min(len(cfg.upstreams), 4),
+        "next_upstream_timeout_s": _secs(cfg.read_timeout_s + cfg.connect_timeout_s),
+    }
+    return fill(template_text(), values)
+
+
+def write(cfg: NginxConfig) -> Path:
+    """Create the prefix layout (logs/, tmp/) and write the config; returns its path.
+
+    When nginx starts as root its workers run as ``nobody``: the prefix and tmp/ are made
+    traversable (not readable) so they can use the temp directories nginx creates there."""
+    prefix = cfg.prefix
+    (prefix / "logs").mkdir(parents=True, exist_ok=True)
+    (prefix / "tmp").mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chmod(prefix, 0o711)
+        os.chmod(prefix / "tmp", 0o711)
+    cfg.conf_path.write_text(render(cfg), encoding="utf-8")
+    return cfg.conf_path
+
+
+def nginx_binary(explicit: str | None = None) -> str:
+    """The nginx executable: ``explicit``, else on PATH, else /usr/sbin/nginx."""
+    if explicit:
+        if shutil.which(explicit) is None:
+            raise ClusterError(f"nginx not found at {explicit!r}")
+        return explicit
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
+    if found is None:
+        raise ClusterError(f"nginx is not installed; {INSTALL_HINT}")
+    return found
+
+
+def nginx_command(binary: str, cfg: NginxConfig, extra: Sequence[str] = ()) -> list[str]:
+    """The command that runs nginx in the foreground with the rendered config."""
+    prefix = str(cfg.prefix.resolve())
+    return [binary, "-p", prefix + "/", "-c", str(cfg.conf_path.resolve()),
+            "-e", f"{prefix}/logs/error.log", "-g", "daemon off;", *extra]
+
+
+def check_config(binary: str, cfg: NginxConfig) -> None:
+    """``nginx -t`` on the written config; raise ``ClusterError`` with nginx's words."""
+    cmd = nginx_command(binary, cfg, ["-t", "-q"])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip()
+        raise ClusterError(f"nginx rejected the rendered config {cfg.conf_path}: {msg}")

@@ -1,0 +1,126 @@
+"""The API's view of jobs: one interface, two backends.
+
+* ``CeleryJobs`` (``CHUNLIAN_BROKER_URL`` set): the job goes into the Redis store, its
+  items into Celery tasks of ``job_chunk_size`` items on ``job_queue``; ``chunlian worker``
+  processes run them. The API needs no model for this.
+* ``InProcessJobs`` (the embedded default): asyncio tasks on this instance's engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from chunlian.config import Settings
+from chunlian.errors import EngineStopped
+from chunlian.jobs.items import Spec, failed_entry
+from chunlian.jobs.store import JobState, RedisJobStore
+
+log = logging.getLogger("chunlian.jobs")
+T = TypeVar("T")
+
+
+class JobsBackend(Protocol):
+    mode: str
+
+    async def submit(self, specs: list[Spec]) -> str: ...
+    async def state(self, job_id: str) -> JobState | None: ...
+    async def results(self, job_id: str, offset: int, limit: int) -> list[dict[str, Any]]: ...
+    async def cancel(self, job_id: str) -> JobState | None: ...
+    async def close(self) -> None: ...
+
+
+def chunks(specs: list[Spec], size: int) -> list[list[list[Any]]]:
+    """``[[index, spec], ...]`` lists of at most ``size`` items, in order."""
+    indexed = [[i, s] for i, s in enumerate(specs)]
+    return [indexed[k:k + size] for k in range(0, len(indexed), size)]
+
+
+class CeleryJobs:
+    """Jobs in Redis, items run by Celery workers."""
+
+    mode = "celery"
+
+    def __init__(self, settings: Settings) -> None:
+        from chunlian.jobs.celery_app import make_celery
+
+        assert settings.broker_url
+        self.settings = settings
+        self.celery = make_celery(settings)
+        self.store = RedisJobStore(settings.broker_url, settings.job_result_ttl_s)
+
+    def _submit(self, specs: list[Spec]) -> str:
+        from chunlian.jobs.celery_app import TASK_NAME
+
+        job_id = uuid.uuid4().hex
+        self.store.create(job_id, len(specs))
+        parts = chunks(specs, self.settings.job_chunk_size)
+        sent = 0
+        try:
+            with self.celery.producer_or_acquire() as producer:
+                for part in parts:
+                    self.celery.send_task(TASK_NAME, args=[job_id, part], queue=self.settings.job_queue,
+                                          producer=producer)
+                    sent += 1
+        except Exception as e:
+            log.exception("job %s: enqueueing failed after %d of %d chunks", job_id, sent, len(parts))
+            try:  # the chunks that did not go out will never run: fail their items
+                self.store.record(job_id, [
+                    (int(i), failed_entry("engine_stopped", "the job queue was unavailable"))
+                    for part in parts[sent:] for i, _ in part])
+            except Exception:
+                log.exception("job %s: could not record the unqueued items", job_id)
+            if sent == 0:
+                raise EngineStopped(f"the job queue is unavailable ({type(e).__name__})") from None
+        return job_id
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        import redis
+
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except redis.RedisError as e:
+            log.warning("job store unavailable: %s", e)
+            raise EngineStopped(f"the job store is unavailable ({type(e).__name__})") from None
+
+    async def submit(self, specs: list[Spec]) -> str:
+        return await self._call(self._submit, specs)
+
+    async def state(self, job_id: str) -> JobState | None:
+        return await self._call(self.store.state, job_id)
+
+    async def results(self, job_id: str, offset: int, limit: int) -> list[dict[str, Any]]:
+        return await self._call(self.store.results, job_id, offset, limit)
+
+    async def cancel(self, job_id: str) -> JobState | None:
+        return await self._call(self.store.cancel, job_id)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.store.close)
+
+
+def build_jobs(settings: Settings, service: Any) -> JobsBackend:
+    """Celery when a broker is configured, else in-process on ``service()``'s engine."""
+    if settings.broker_url:
+        return CeleryJobs(settings)
+    from chunlian.jobs.inprocess import InProcessJobs
+
+    def interactive_load() -> int:
+        """Interactive sequences running or waiting in the engine (0 when unknown)."""
+        svc = service()
+        sched = getattr(getattr(svc, "engine", None), "scheduler", None)
+        if sched is None:
+            return 0
+        try:
+            return int(sched.live_seqs - sched.live_bulk_seqs + len(sched.waiting["interactive"]))
+        except (AttributeError, KeyError, TypeError):
+            return 0
+
+    share = max(1, math.floor(settings.max_batch_size * settings.bulk_min_share))
+    return InProcessJobs(service, settings.job_result_ttl_s, window=settings.max_batch_size,
+                         share=share, interactive_load=interactive_load,
+                         item_timeout_s=settings.job_hard_time_limit_s)

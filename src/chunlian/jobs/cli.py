@@ -1,0 +1,236 @@
+"""``chunlian jobs submit|status|cancel`` (an HTTP client) and ``chunlian worker``.
+
+``chunlian jobs submit FILE`` reads one 上联 per line, or a TSV whose header names its
+columns (``upper``, or ``heads``/``keyword`` with ``length``; ``style``, ``n``, ``seed``
+optional), submits one job and prints its id; with ``--wait`` it shows a progress bar
+until the job finishes and writes every result, in input order, as JSONL (or CSV when
+``--out`` ends in ``.csv``; stdout when there is no ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+CSV_FIELDS = ("index", "status", "upper", "lower", "hengpi", "style", "model", "error_code", "error")
+_COLUMNS = {"upper", "heads", "keyword", "length", "style", "n", "seed"}
+_INT_COLUMNS = {"length", "n", "seed"}
+
+
+def read_items(path: Path, style: str | None) -> list[dict[str, Any]]:
+    """Items from a file: one 上联 per line, or a TSV with a header naming its columns."""
+    lines = [ln.rstrip("\r\n") for ln in path.read_text(encoding="utf-8-sig").splitlines()]
+    lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    header = [h.strip() for h in lines[0].split("\t")] if lines else []
+    items: list[dict[str, Any]] = []
+    if header and set(header) <= _COLUMNS and header[0] in _COLUMNS and (
+            "upper" in header or "heads" in header or "keyword" in header):
+        for ln in lines[1:]:
+            item: dict[str, Any] = {}
+            for name, value in zip(header, ln.split("\t"), strict=False):
+                value = value.strip()
+                if value:
+                    item[name] = int(value) if name in _INT_COLUMNS and value.lstrip("-").isdigit() else value
+            items.append(item)
+    else:
+        items = [{"upper": ln.split("\t")[0].strip()} for ln in lines]
+    if style:
+        for item in items:
+            item.setdefault("style", style)
+    return items
+
+
+def _client(args: argparse.Namespace) -> Any:
+    import httpx
+
+    key = args.api_key or os.environ.get("CHUNLIAN_API_KEY")
+    return httpx.Client(base_url=args.url.rstrip("/"), timeout=args.timeout,
+                        headers={"X-API-Key": key} if key else {})
+
+
+def _error_text(r: Any, first_line: int = 1) -> str:
+    try:
+        err = r.json()["error"]
+        msg = f"{err['code']}: {err['message']}"
+    except Exception:
+        return f"HTTP {r.status_code}"
+    # items.7.upper -> the file's line for item 7
+    m = re.match(r"items\.(\d+)", str(err.get("field") or ""))
+    if m:
+        msg += f" (item {int(m.group(1)) + first_line})"
+    return msg
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    print(f"chunlian jobs: error: {msg}", file=sys.stderr)
+    return code
+
+
+def wait_for(client: Any, job_id: str, poll_s: float, progress: bool = True) -> dict[str, Any]:
+    """Poll until the job finishes (done, failed or cancelled); a tqdm bar on stderr."""
+    from tqdm import tqdm
+
+    bar = None
+    try:
+        while True:
+            r = client.get(f"/v1/jobs/{job_id}", params={"limit": 0})
+            if r.status_code != 200:
+                raise RuntimeError(_error_text(r))
+            body = r.json()
+            p = body["progress"]
+            finished = p["done"] + p["failed"] + p["cancelled"]
+            if progress:
+                if bar is None:
+                    bar = tqdm(total=p["total"], unit="item", desc=f"job {job_id[:8]}", file=sys.stderr)
+                bar.set_postfix(failed=p["failed"], status=body["status"], refresh=False)
+                bar.update(finished - bar.n)
+            if body["status"] in ("done", "failed", "cancelled") and finished >= p["total"]:
+                return body  # type: ignore[no-any-return]
+            time.sleep(poll_s)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def fetch_results(client: Any, job_id: str, total: int, page: int = 1000) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for offset in range(0, total, page):
+        r = client.get(f"/v1/jobs/{job_id}", params={"offset": offset, "limit": page})
+        if r.status_code != 200:
+            raise RuntimeError(_error_text(r))
+        out.extend(r.json()["results"])
+    return out
+
+
+def write_results(results: list[dict[str, Any]], out: Path | None) -> None:
+    if out is not None and out.suffix.lower() == ".csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in results:
+            err = r.get("error") or {}
+            w.writerow({**r, "error_code": err.get("code", ""), "error": err.get("message", "")})
+        out.write_text(buf.getvalue(), encoding="utf-8")
+        return
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text, encoding="utf-8")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        return _fail(f"no such file: {path}", 2)
+    items = read_items(path, args.style)
+    if not items:
+        return _fail(f"{path} holds no items", 2)
+    with _client(args) as client:
+        r = client.post("/v1/jobs", json={"items": items})
+        if r.status_code != 202:
+            return _fail(_error_text(r), 2 if r.status_code == 422 else 1)
+        job_id = r.json()["job_id"]
+        if not args.wait:
+            print(json.dumps({"job_id": job_id, "total": len(items)}))
+            return 0
+        print(f"job {job_id}: {len(items)} items", file=sys.stderr)
+        try:
+            body = wait_for(client, job_id, args.poll_s, progress=not args.quiet)
+            results = fetch_results(client, job_id, body["progress"]["total"])
+        except RuntimeError as e:
+            return _fail(str(e))
+    write_results(results, Path(args.out) if args.out else None)
+    p = body["progress"]
+    print(f"job {job_id}: {body['status']}: {p['done']} done, {p['failed']} failed, "
+          f"{p['cancelled']} cancelled" + (f"; results in {args.out}" if args.out else ""), file=sys.stderr)
+    return 0 if body["status"] == "done" else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        r = client.get(f"/v1/jobs/{args.job_id}", params={"limit": 0})
+    if r.status_code != 200:
+        return _fail(_error_text(r))
+    body = r.json()
+    body.pop("results", None)
+    print(json.dumps(body, ensure_ascii=False))
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        r = client.delete(f"/v1/jobs/{args.job_id}")
+    if r.status_code != 200:
+        return _fail(_error_text(r))
+    print(json.dumps(r.json(), ensure_ascii=False))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run a Celery worker for the job queue (this process becomes the worker)."""
+    if args.broker:
+        os.environ["CHUNLIAN_BROKER_URL"] = args.broker
+    if args.queue:
+        os.environ["CHUNLIAN_JOB_QUEUE"] = args.queue
+    if args.engine_url:
+        os.environ["CHUNLIAN_WORKER_ENGINE_URL"] = args.engine_url
+    from chunlian.jobs.celery_app import get_app
+
+    app = get_app()  # ConfigError (exit 2) without a broker
+    settings = app.chunlian_settings
+    argv = [
+        "worker", f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}",
+        f"--queues={settings.job_queue}", f"--hostname=chunlian-{os.getpid()}@%h",
+        "--pool=prefork", "--without-gossip", "--without-mingle",
+    ]
+    app.worker_main(argv)
+    return 0
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=os.environ.get("CHUNLIAN_URL", DEFAULT_URL),
+                   help=f"the service (default: $CHUNLIAN_URL or {DEFAULT_URL})")
+    p.add_argument("--api-key", default=None, help="X-API-Key (default: $CHUNLIAN_API_KEY)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per HTTP request")
+
+
+def register(sub: Any) -> None:
+    jobs = sub.add_parser("jobs", help="bulk jobs: submit a file, poll, cancel")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True)
+    s = jsub.add_parser("submit", help="submit a file of upper lines (or a TSV) as one job")
+    s.add_argument("file")
+    s.add_argument("--style", default=None, help="style for items that do not name one")
+    s.add_argument("--wait", action="store_true", help="wait with a progress bar, then write results")
+    s.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
+    s.add_argument("--poll-s", type=float, default=1.0)
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    _client_flags(s)
+    s.set_defaults(fn=cmd_submit)
+    st = jsub.add_parser("status", help="a job's status and progress")
+    st.add_argument("job_id")
+    _client_flags(st)
+    st.set_defaults(fn=cmd_status)
+    c = jsub.add_parser("cancel", help="cancel what has not run of a job")
+    c.add_argument("job_id")
+    _client_flags(c)
+    c.set_defaults(fn=cmd_cancel)
+
+    w = sub.add_parser("worker", help="run a Celery worker for bulk jobs (needs CHUNLIAN_BROKER_URL)")
+    w.add_argument("--concurrency", type=int, default=1, help="worker processes (each loads the model)")
+    w.add_argument("--loglevel", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    w.add_argument("--broker", default=None, help="redis:// URL (default: $CHUNLIAN_BROKER_URL)")
+    w.add_argument("--queue", default=None, help="queue name (default: $CHUNLIAN_JOB_QUEUE)")
+    w.add_argument("--engine-url", default=None,
+                   help="send items to this serving instance's engine (bulk priority) instead of "
+                        "loading the model in the worker")
+    w.set_defaults(fn=cmd_worker)

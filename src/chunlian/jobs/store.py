@@ -1,0 +1,418 @@
+"""Job state and per-item results: in memory (embedded mode) or in Redis (Celery mode).
+
+Both stores have the same interface. The rule that makes redelivery safe: **the first
+result written for a (job, item) wins**, and the counters move only when a result is
+written. A task that runs again after its worker was killed, or an item that finishes
+after the job was cancelled, can therefore never count an item twice.
+
+Redis layout (``{id}`` is a hash tag, so a job's keys live in one cluster slot)::
+
+    chunlian:job:{id}:meta    hash  total, done, failed, cancelled, created_at,
+                                    started_at, finished_at, cancel_requested
+    chunlian:job:{id}:results hash  item index -> result entry (JSON); HSETNX only
+    chunlian:job:{id}:tries   hash  item index -> times the item was given to the model
+
+Writes go through Lua scripts (atomic: a result and its counter move together, so a
+worker killed between the two cannot leave them out of step). Every write refreshes the
+keys' TTL (``settings.job_result_ttl_s``), so a job's results expire that long after its
+last activity.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from chunlian.jobs.items import CANCELLED, CANCELLED_ENTRY, DONE, FAILED, OUTCOMES, PENDING, Entry
+
+MAX_RESULTS_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A job's counters and flags; ``status`` is derived from them."""
+
+    job_id: str
+    total: int
+    done: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    cancel_requested: bool = False
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.done + self.failed + self.cancelled >= self.total
+
+    @property
+    def status(self) -> str:
+        """queued | running | done | failed | cancelled.
+
+        ``cancelled``: DELETE came before the job finished. ``done``: every item has a
+        result and at least one succeeded (failed items carry their error). ``failed``:
+        every item failed.
+        """
+        if self.cancel_requested:
+            return "cancelled"
+        if self.finished:
+            return "done" if self.done > 0 else "failed"
+        if self.started_at is not None or self.done or self.failed:
+            return "running"
+        return "queued"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "status": self.status,
+            "progress": {"done": self.done, "failed": self.failed, "cancelled": self.cancelled,
+                         "total": self.total},
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+        }
+
+
+class JobStore(Protocol):
+    """What the API, the in-process runner and the Celery tasks need of a store."""
+
+    def create(self, job_id: str, total: int) -> None:
+        """A new job of ``total`` items, all pending."""
+        ...
+
+    def record(self, job_id: str, results: Sequence[tuple[int, Entry]]) -> int:
+        """Write each (index, entry) unless the item has a result already (first write
+        wins); returns how many were written. Unknown (or expired) job: writes nothing."""
+        ...
+
+    def missing(self, job_id: str, indices: Iterable[int]) -> list[int]:
+        """Those of ``indices`` that have no result yet, in the given order."""
+        ...
+
+    def begin_attempt(self, job_id: str, indices: Sequence[int]) -> dict[int, int]:
+        """Count one more try for each item (and mark the job started); the new counts."""
+        ...
+
+    def tries(self, job_id: str, indices: Sequence[int] | None = None) -> dict[int, int]:
+        """Tries so far per item (of ``indices``, or of every item tried)."""
+        ...
+
+    def is_cancelled(self, job_id: str) -> bool:
+        ...
+
+    def cancel(self, job_id: str) -> JobState | None:
+        """Mark the job cancelled and every item without a result ``cancelled`` (unless the
+        job has finished: then nothing changes). None: no such job."""
+        ...
+
+    def state(self, job_id: str) -> JobState | None:
+        ...
+
+    def results(self, job_id: str, offset: int, limit: int) -> list[Entry]:
+        """Entries for items ``offset .. offset+limit-1`` (``index`` added; ``pending`` for
+        items without a result)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def _outcome(entry: Entry) -> str:
+    status = entry.get("status")
+    if status not in OUTCOMES:
+        raise ValueError(f"a result entry needs a status in {OUTCOMES}, got {status!r}")
+    return str(status)
+
+
+def _page(total: int, offset: int, limit: int) -> range:
+    return range(max(0, offset), min(total, max(0, offset) + max(0, min(limit, MAX_RESULTS_PAGE))))
+
+
+# ---- in memory ------------------------------------------------------------------------------
+@dataclass
+class _MemJob:
+    total: int
+    created_at: float
+    results: dict[int, Entry] = field(default_factory=dict)
+    tries: dict[int, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    cancel_requested: bool = False
+    started_at: float | None = None
+    finished_at: float | None = None
+    touched: float = 0.0
+
+
+class MemoryJobStore:
+    """The embedded store: one process, a lock, expiry checked on access."""
+
+    def __init__(self, ttl_s: float, clock: Any = time.time) -> None:
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._jobs: dict[str, _MemJob] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, job_id: str) -> _MemJob | None:
+        job = self._jobs.get(job_id)
+        if job is not None and self._clock() - job.touched > self.ttl_s:
+            del self._jobs[job_id]
+            return None
+        return job
+
+    def _purge(self) -> None:
+        now = self._clock()
+        for jid in [j for j, job in self._jobs.items() if now - job.touched > self.ttl_s]:
+            del self._jobs[jid]
+
+    def create(self, job_id: str, total: int) -> None:
+        now = self._clock()
+        with self._lock:
+            self._purge()
+            self._jobs[job_id] = _MemJob(total=total, created_at=now, touched=now)
+
+    def record(self, job_id: str, results: Sequence[tuple[int, Entry]]) -> int:
+        with self._lock:
+            job = self._get(job_id)
+            if job is None:
+                return 0
+            written = 0
+            for index, entry in results:
+                outcome = _outcome(entry)
+                if index in job.results or not 0 <= index < job.total:
+                    continue
+                job.results[index] = entry
+                job.counts[outcome] += 1
+                written += 1
+            job.touched = self._clock()
+            if written and job.finished_at is None and len(job.results) >= job.total:
+                job.finished_at = job.touched
+            return written
+
+    def missing(self, job_id: str, indices: Iterable[int]) -> list[int]:
+        with self._lock:
+            job = self._get(job_id)
+            if job is None:
+                return []
+            return [i for i in indices if i not in job.results]
+
+    def begin_attempt(self, job_id: str, indices: Sequence[int]) -> dict[int, int]:
+        with self._lock:
+            job = self._get(job_id)
+            if job is None:
+                return {}
+            for i in indices:
+                job.tries[i] = job.tries.get(i, 0) + 1
+            job.touched = self._clock()
+            if job.started_at is None:
+                job.started_at = job.touched
+            return {i: job.tries[i] for i in indices}
+
+    def tries(self, job_id: str, indices: Sequence[int] | None = None) -> dict[int, int]:
+        with self._lock:
+            job = self._get(job_id)
+            if job is None:
+                return {}
+            if indices is None:
+                return dict(job.tries)
+            return {i: job.tries[i] for i in indices if i in job.tries}
+
+    def is_cancelled(self, job_id: str) -> bool:
+        with self._lock:
+            job = self._get(job_id)
+            return job is not None and job.cancel_requested
+
+    def cancel(self, job_id: str) -> JobState | None:
+        with self._lock:
+            job = self._get(job_id)
+            if job is None:
+                return None
+            if job.finished_at is None:
+                job.cancel_requested = True
+                for i in range(job.total):
+                    if i not in job.results:
+                        job.results[i] = CANCELLED_ENTRY
+                        job.counts[CANCELLED] += 1
+                job.touched = job.finished_at = self._clock()
+            return self._state(job_id, job)
+
+    def state(self, job_id: str) -> JobState | None:
+        with self._lock:
+            job = self._get(job_id)
+            return None if job is None else self._state(job_id, job)
+
+    @staticmethod
+    def _state(job_id: str, job: _MemJob) -> JobState:
+        return JobState(
+            job_id, job.total, job.counts[DONE], job.counts[FAILED], job.counts[CANCELLED],
+            job.cancel_requested, job.created_at, job.started_at, job.finished_at,
+        )
+
+    def results(self, job_id: str, offset: int, limit: int) -> list[Entry]:
+        with self._lock:
+            job = self._get(job_id)
+            if job is None:
+                return []
+            return [{"index": i, **job.results.get(i, {"status": PENDING})}
+                    for i in _page(job.total, offset, limit)]
+
+    def close(self) -> None:
+        pass
+
+
+# ---- Redis ------------------------------------------------------------------------------------
+_RECORD = """
+-- KEYS: meta, results, tries; ARGV: ttl, now, then (index, outcome, entry) triples
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local written = 0
+for i = 3, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[2], ARGV[i], ARGV[i + 2]) == 1 then
+    redis.call('HINCRBY', KEYS[1], ARGV[i + 1], 1)
+    written = written + 1
+  end
+end
+if written > 0 and redis.call('HEXISTS', KEYS[1], 'finished_at') == 0 then
+  if redis.call('HLEN', KEYS[2]) >= tonumber(redis.call('HGET', KEYS[1], 'total')) then
+    redis.call('HSET', KEYS[1], 'finished_at', ARGV[2])
+  end
+end
+for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ARGV[1]) end
+return written
+"""
+
+_CANCEL = """
+-- KEYS: meta, results, tries; ARGV: ttl, now, cancelled entry
+if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('HEXISTS', KEYS[1], 'finished_at') == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'cancel_requested', '1')
+local total = tonumber(redis.call('HGET', KEYS[1], 'total'))
+local n = 0
+for i = 0, total - 1 do
+  if redis.call('HSETNX', KEYS[2], tostring(i), ARGV[3]) == 1 then n = n + 1 end
+end
+redis.call('HINCRBY', KEYS[1], 'cancelled', n)
+redis.call('HSET', KEYS[1], 'finished_at', ARGV[2])
+for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ARGV[1]) end
+return n
+"""
+
+_BEGIN = """
+-- KEYS: meta, results, tries; ARGV: ttl, now, indices...
+if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
+redis.call('HSETNX', KEYS[1], 'started_at', ARGV[2])
+local out = {}
+for i = 3, #ARGV do out[#out + 1] = redis.call('HINCRBY', KEYS[3], ARGV[i], 1) end
+for k = 1, 3 do redis.call('EXPIRE', KEYS[k], ARGV[1]) end
+return out
+"""
+
+
+def job_keys(job_id: str) -> tuple[str, str, str]:
+    base = f"chunlian:job:{{{job_id}}}"
+    return f"{base}:meta", f"{base}:results", f"{base}:tries"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+class RedisJobStore:
+    """Jobs in Redis (``redis://`` URL; the broker's Redis in Celery mode)."""
+
+    def __init__(self, url: str, ttl_s: int, client: Any = None) -> None:
+        import redis
+
+        self.ttl_s = int(ttl_s)
+        self.r = client or redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5,
+            health_check_interval=30,
+        )
+        self._record = self.r.register_script(_RECORD)
+        self._cancel = self.r.register_script(_CANCEL)
+        self._begin = self.r.register_script(_BEGIN)
+
+    def create(self, job_id: str, total: int) -> None:
+        meta, results, tries = job_keys(job_id)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.delete(meta, results, tries)
+        pipe.hset(meta, mapping={"total": total, DONE: 0, FAILED: 0, CANCELLED: 0,
+                                 "created_at": repr(time.time())})
+        pipe.expire(meta, self.ttl_s)
+        pipe.execute()
+
+    def record(self, job_id: str, results: Sequence[tuple[int, Entry]]) -> int:
+        if not results:
+            return 0
+        args: list[Any] = [self.ttl_s, repr(time.time())]
+        for index, entry in results:
+            args += [int(index), _outcome(entry), _dumps(entry)]
+        return max(0, int(self._record(keys=job_keys(job_id), args=args)))
+
+    def missing(self, job_id: str, indices: Iterable[int]) -> list[int]:
+        idx = list(indices)
+        if not idx:
+            return []
+        have = self.r.hmget(job_keys(job_id)[1], idx)
+        return [i for i, v in zip(idx, have, strict=True) if v is None]
+
+    def begin_attempt(self, job_id: str, indices: Sequence[int]) -> dict[int, int]:
+        if not indices:
+            return {}
+        counts = self._begin(keys=job_keys(job_id), args=[self.ttl_s, repr(time.time()), *indices])
+        return {i: int(c) for i, c in zip(indices, counts or [], strict=False)}
+
+    def tries(self, job_id: str, indices: Sequence[int] | None = None) -> dict[int, int]:
+        key = job_keys(job_id)[2]
+        if indices is None:
+            return {int(k): int(v) for k, v in self.r.hgetall(key).items()}
+        idx = list(indices)
+        if not idx:
+            return {}
+        return {i: int(v) for i, v in zip(idx, self.r.hmget(key, idx), strict=True) if v is not None}
+
+    def is_cancelled(self, job_id: str) -> bool:
+        return self.r.hget(job_keys(job_id)[0], "cancel_requested") == "1"
+
+    def cancel(self, job_id: str) -> JobState | None:
+        if int(self._cancel(keys=job_keys(job_id),
+                            args=[self.ttl_s, repr(time.time()), _dumps(CANCELLED_ENTRY)])) < 0:
+            return None
+        return self.state(job_id)
+
+    def state(self, job_id: str) -> JobState | None:
+        m = self.r.hgetall(job_keys(job_id)[0])
+        if not m or "total" not in m:
+            return None
+
+        def f(name: str) -> float | None:
+            return float(m[name]) if name in m else None
+
+        return JobState(
+            job_id, int(m["total"]), int(m.get(DONE, 0)), int(m.get(FAILED, 0)),
+            int(m.get(CANCELLED, 0)), m.get("cancel_requested") == "1",
+            f("created_at") or 0.0, f("started_at"), f("finished_at"),
+        )
+
+    def total(self, job_id: str) -> int | None:
+        v = self.r.hget(job_keys(job_id)[0], "total")
+        return None if v is None else int(v)
+
+    def results(self, job_id: str, offset: int, limit: int) -> list[Entry]:
+        total = self.total(job_id)
+        if total is None:
+            return []
+        idx = list(_page(total, offset, limit))
+        if not idx:
+            return []
+        raw = self.r.hmget(job_keys(job_id)[1], idx)
+        return [{"index": i, **(json.loads(v) if v is not None else {"status": PENDING})}
+                for i, v in zip(idx, raw, strict=True)]
+
+    def delete(self, job_id: str) -> None:
+        self.r.delete(*job_keys(job_id))
+
+    def close(self) -> None:
+        self.r.close()

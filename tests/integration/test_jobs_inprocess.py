@@ -1,0 +1,89 @@
+"""Embedded jobs (no broker) through real HTTP on the real engine, and ``chunlian jobs
+submit --wait`` as a real process against that server."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chunlian.config import load_settings
+from chunlian.text import is_han
+from tests.integration.live_server import LiveServer, model_path
+from tests.integration.test_jobs_celery import ROOT, uppers, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    settings = load_settings(
+        model_path=model_path(tmp_path_factory.mktemp("model")), device="cpu", max_batch_size=16,
+        warmup=("春回大地千山秀",), torch_threads=1, broker_url="",
+    )
+    server = LiveServer(settings).start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_in_process_job_completes_via_the_api(live: LiveServer) -> None:
+    lines = uppers(60)
+    items = [{"upper": u} for u in lines] + [{"heads": "李明", "length": 5}, {"keyword": "新春"}]
+    with httpx.Client(base_url=live.base_url, timeout=60) as c:
+        r = c.post("/v1/jobs", json={"items": items})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
+        # interactive traffic is answered while the job runs
+        t0 = time.perf_counter()
+        assert c.post("/v1/couplets", json={"upper": "天增岁月人增寿"}).status_code == 200
+        assert time.perf_counter() - t0 < 30
+
+        def done() -> dict | None:
+            body = c.get(f"/v1/jobs/{job_id}", params={"limit": 1000}).json()
+            return body if body["status"] in ("done", "failed") else None
+
+        body = wait_until(done, 300, "the in-process job")
+    assert body["progress"] == {"done": 62, "failed": 0, "cancelled": 0, "total": 62}
+    res = body["results"]
+    assert [r["index"] for r in res] == list(range(62))
+    assert [r["upper"] for r in res[:60]] == lines
+    for r in res:
+        assert r["status"] == "done" and len(r["lower"]) == len(r["upper"])
+        assert all(is_han(ch) for ch in r["hengpi"]) and r["model"].startswith("chunlian-couplet@")
+    assert res[60]["upper"][0] == "李" and res[60]["lower"][0] == "明" and len(res[60]["upper"]) == 5
+    assert res[61]["upper"].startswith("新春")
+
+
+def test_cli_submit_wait_writes_results(live: LiveServer, tmp_path: Path) -> None:
+    src = tmp_path / "uppers.txt"
+    lines = uppers(25)
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "results.csv"
+    cmd = [sys.executable, "-m", "chunlian.cli", "jobs", "submit", str(src), "--style", "business",
+           "--wait", "--out", str(out), "--url", live.base_url, "--poll-s", "0.2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "25 done, 0 failed" in p.stderr and "item" in p.stderr  # summary and the progress bar
+    rows = list(csv.DictReader(out.open(encoding="utf-8")))
+    assert [r["upper"] for r in rows] == lines
+    assert {r["status"] for r in rows} == {"done"} and {r["style"] for r in rows} == {"business"}
+    # without --wait: the job id, at once
+    p = subprocess.run(cmd[:6] + ["--url", live.base_url], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert len(json.loads(p.stdout)["job_id"]) == 32
+    # a bad line: exit 2, naming the line
+    bad = tmp_path / "bad.txt"
+    bad.write_text("春回大地千山秀\nhello\n", encoding="utf-8")
+    p = subprocess.run([sys.executable, "-m", "chunlian.cli", "jobs", "submit", str(bad), "--url", live.base_url],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and "item 2" in p.stderr and "upper" in p.stderr

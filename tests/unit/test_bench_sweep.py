@@ -1,0 +1,177 @@
+"""``chunlian bench sweep`` and ``compare``: settings, tables, best point, outputs, CLI
+wiring (the service and the load are stubbed; one test starts a service that must fail)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chunlian.bench import compare, sweep
+from chunlian.cli import build_parser
+
+
+def test_server_env_drops_inherited_settings() -> None:
+    base = {"PATH": "/bin", "CHUNLIAN_REDIS_URL": "redis://x", "chunlian_cache_size": "5"}
+    env = sweep.server_env({"max_batch_size": 8, "cache_size": 0, "model_path": None}, base)
+    assert env == {"PATH": "/bin", "CHUNLIAN_MAX_BATCH_SIZE": "8", "CHUNLIAN_CACHE_SIZE": "0"}
+
+
+def test_free_port_is_loopback_and_free() -> None:
+    import socket
+
+    port = sweep.free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_run_server_reports_a_failed_start() -> None:
+    with pytest.raises(RuntimeError, match="exited with 2"), sweep.run_server({"max_batch_size": 0}):
+        pass
+
+
+def _row(batch: int, wait: float, rps: float, p99: float | None, errors: int = 0) -> dict[str, Any]:
+    return {"max_batch_size": batch, "max_wait_ms": wait, "requests_per_s": rps, "p50_ms": 1.0,
+            "p95_ms": 2.0, "p99_ms": p99, "mean_batch_size": 1.5, "tokens_per_s": 10.0,
+            "errors": errors, "error_rate": 0.0, "server_cpu_cores": 1.0, "queue_depth_mean": 0.0,
+            "requests": 100}
+
+
+def test_pick_best() -> None:
+    rows = [_row(1, 0, 10, 900), _row(8, 0, 100, 300), _row(16, 0, 103, 250), _row(64, 0, 140, 1500),
+            _row(32, 5, 120, 400, errors=3)]
+    # 64 breaks the SLO, 32/5 had errors; 16 is within 5% of 8's... the top is 16 (103), 8 is close too
+    best = sweep.pick_best(rows, slo_p99_ms=1000)
+    assert best is not None and best["max_batch_size"] == 16
+    assert sweep.pick_best(rows, slo_p99_ms=100)["max_batch_size"] == 64  # type: ignore[index]
+    assert sweep.pick_best([], 1000) is None
+
+
+def test_markdown_table_and_outputs(tmp_path: Path) -> None:
+    rows = [{**_row(b, w, 10.0 * b, 100.0 + b), "report": {"x": 1}} for w in (0.0, 5.0) for b in (1, 8, 64)]
+    md = sweep.markdown_table([{k: v for k, v in r.items() if k != "report"} for r in rows])
+    assert md.count("\n") == 1 + len(rows) and "| 64 | 5 | 640 |" in md
+    paths = sweep.write_outputs(rows, tmp_path / "out", {"title": "t", "concurrency": 8}, 1000.0,
+                                plot_path=tmp_path / "docs" / "sweep.png")
+    assert paths["png"].read_bytes()[:4] == b"\x89PNG"
+    doc = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert len(doc["rows"]) == 6 and doc["best"]["max_batch_size"] == 64 and doc["best"]["max_wait_ms"] == 0.0
+    assert "Best here: max_batch_size=64, max_wait_ms=0" in paths["md"].read_text(encoding="utf-8")
+
+
+@dataclass
+class _FakeServer:
+    url: str = "http://127.0.0.1:9"
+    pid: int = 0
+
+
+class _FakeResult:
+    def __init__(self, rep: dict[str, Any]) -> None:
+        self.rep = rep
+
+    def report(self) -> dict[str, Any]:
+        return self.rep
+
+
+def _rep(rps: float, **extra: Any) -> dict[str, Any]:
+    base = {"requests_per_s": rps, "p50_ms": 5.0, "p95_ms": 9.0, "p99_ms": 10.0, "errors": {},
+            "error_rate": 0.0, "requests": 10, "mean_batch_size": 2.0}
+    return {**base, **extra}
+
+
+def test_run_sweep_starts_one_cache_off_server_per_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[Mapping[str, object]] = []
+
+    @contextmanager
+    def fake_server(settings: Mapping[str, object]) -> Iterator[_FakeServer]:
+        started.append(dict(settings))
+        yield _FakeServer()
+
+    def fake_load(url: str, concurrency: int, duration: float, max_requests: int, plan: Any, **kw: Any) -> _FakeResult:
+        assert kw["server_pid"] == 0 and kw["warmup_s"] == 0.5 and concurrency == 4 and duration == 1.0
+        return _FakeResult(_rep(float(started[-1]["max_batch_size"])))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sweep, "run_server", fake_server)
+    monkeypatch.setattr(sweep, "run_load", fake_load)
+    rows = sweep.run_sweep((1, 8), (0.0, 20.0), concurrency=4, duration_s=1.0, warmup_s=0.5,
+                           extra_settings={"torch_threads": 2}, progress=False)
+    assert [(s["max_batch_size"], s["max_wait_ms"]) for s in started] == [(1, 0.0), (8, 0.0), (1, 20.0), (8, 20.0)]
+    assert all(s["cache_size"] == 0 and s["torch_threads"] == 2 for s in started)
+    assert [r["requests_per_s"] for r in rows] == [1.0, 8.0, 1.0, 8.0]
+
+
+# ---- compare ----------------------------------------------------------------------------------
+
+
+def _runs() -> dict[str, dict[str, Any]]:
+    return {
+        "baseline_mixed": _rep(20.0, mean_ms=3000.0, mean_hit_ms=None, mean_miss_ms=3000.0, p99_ms=4000.0,
+                               server_cpu_util=0.5, requests_per_cpu_s=20.0, cache_hit_ratio=None),
+        "chunlian_mixed": _rep(400.0, mean_ms=150.0, mean_hit_ms=5.0, mean_miss_ms=200.0, p99_ms=400.0,
+                               server_cpu_util=0.9, requests_per_cpu_s=222.0, cache_hit_ratio=0.28),
+        "baseline_misses": _rep(18.0, mean_ms=3500.0, p99_ms=4200.0),
+        "chunlian_misses": _rep(270.0, mean_ms=230.0, p99_ms=500.0),
+    }
+
+
+def test_compare_table_ratios() -> None:
+    table = {r["metric"]: r for r in compare.build_table(_runs())}
+    assert table["requests/s, mixed load"]["ratio"] == 20.0
+    assert table["requests/s, cache misses only"]["ratio"] == 15.0
+    assert table["mean latency on cache misses (ms), mixed"]["ratio"] == 15.0  # before ÷ after
+    assert table["mean latency on cache hits (ms), mixed"]["ratio"] is None  # no cache before
+    assert table["p99 latency (ms), mixed"]["ratio"] == 10.0
+    assert table["server CPU utilisation, mixed"]["ratio"] == 1.8
+    assert table["error rate, mixed"]["ratio"] is None
+    md = compare.markdown_table(list(table.values()))
+    assert "| requests/s, mixed load | 20.0 | 400.0 | 20× |" in md
+    assert "15x" in compare.text_table(list(table.values()))
+
+
+def test_run_compare_measures_both_sides_on_both_loads(tmp_path: Path) -> None:
+    calls: list[tuple[dict[str, object], float]] = []
+    runs = _runs()
+    order = iter(["baseline_mixed", "chunlian_mixed", "baseline_misses", "chunlian_misses"])
+
+    def fake(settings: Mapping[str, object], unique_ratio: float) -> dict[str, Any]:
+        calls.append((dict(settings), unique_ratio))
+        return runs[next(order)]
+
+    result = compare.run_compare(repeat_ratio=0.3, run_fn=fake, progress=False)
+    assert calls == [(compare.BASELINE, 0.7), ({}, 0.7), (compare.BASELINE, 1.0), ({}, 1.0)]
+    assert compare.BASELINE == {"max_batch_size": 1, "max_wait_ms": 0, "cache_size": 0}
+    assert result["ratio_requests_per_s"] == 20.0 and result["ratio_requests_per_s_misses_only"] == 15.0
+    paths = compare.write_outputs(result, tmp_path)
+    assert json.loads(paths["json"].read_text(encoding="utf-8"))["runs"]["chunlian_mixed"]["requests_per_s"] == 400.0
+    assert "30% of requests repeat" in paths["md"].read_text(encoding="utf-8")
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+
+
+def test_cli_parses_the_bench_commands() -> None:
+    ap = build_parser()
+    a = ap.parse_args(["bench", "http", "--concurrency", "8", "--duration", "2", "--unique-ratio", "0.7",
+                       "--json", "--plot", "x.png"])
+    assert (a.concurrency, a.duration, a.unique_ratio, a.json, a.plot) == (8, 2.0, 0.7, True, Path("x.png"))
+    assert a.url == "http://127.0.0.1:8000" and a.requests == 100_000
+    s = ap.parse_args(["bench", "sweep", "--batch-sizes", "1,8", "--wait-ms", "0,5"])
+    assert s.batch_sizes == (1, 8) and s.wait_ms == (0.0, 5.0) and s.duration == 10.0 and s.concurrency == 128
+    c = ap.parse_args(["bench", "compare"])
+    assert c.repeat_ratio == 0.3 and c.out_dir == Path("benchmarks")
+    for bad in (["bench", "http", "--unique-ratio", "2"], ["bench", "sweep", "--batch-sizes", "0,8"],
+                ["bench", "http", "--duration", "0"]):
+        with pytest.raises(SystemExit):
+            ap.parse_args(bad)
+
+
+def test_cli_http_fails_cleanly_without_a_server(capsys: pytest.CaptureFixture[str]) -> None:
+    from chunlian.cli import main
+
+    assert main(["bench", "http", "--url", f"http://127.0.0.1:{sweep.free_port()}", "--duration", "1"]) == 2
+    assert "does not answer" in capsys.readouterr().err
