@@ -115,6 +115,42 @@ def _cpu_totals() -> tuple[float, float]:
 
 
 QUIET: dict[str, float] = {}
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def _group_jiffies(pgids: set[int]) -> float:
+    """CPU jiffies used so far by every process in these process groups."""
+    total = 0.0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(f[2]) in pgids:  # pgrp
+            total += int(f[11]) + int(f[12])  # utime + stime
+    return total
+
+
+class CpuMeter:
+    """Cores used during a phase: by the whole machine, and by this run's own processes
+    (this process's group and the servers/workers it started); the rest is other work."""
+
+    def __init__(self, pgids: set[int]) -> None:
+        self.pgids = pgids | {os.getpgrp()}
+        self.t0, self.i0 = _cpu_totals()
+        self.own0 = _group_jiffies(self.pgids)
+        self.w0 = time.perf_counter()
+
+    def report(self) -> dict[str, float]:
+        t1, i1 = _cpu_totals()
+        own = (_group_jiffies(self.pgids) - self.own0) / CLK
+        wall = time.perf_counter() - self.w0
+        cores = os.cpu_count() or 1
+        busy = (1 - (i1 - self.i0) / max(1.0, t1 - self.t0)) * cores
+        return {"machine_cores": round(busy, 2), "own_cores": round(own / wall, 2),
+                "other_cores": round(max(0.0, busy - own / wall), 2)}
 
 
 def wait_quiet(phase: str, limit_s: float, max_cores: float = 0.3, window_s: float = 5.0) -> None:
@@ -178,10 +214,21 @@ def drop_queue(jobs: Any, queue: str) -> None:
         jobs.store.r.delete(*keys)
 
 
+class JobLost(RuntimeError):
+    """The job's keys vanished (Redis restarted or was flushed by other work)."""
+
+
 def run_job(jobs: Any, specs: list[dict[str, Any]], limit_s: float) -> tuple[str, float]:
     t0 = time.perf_counter()
     job_id = asyncio.run(jobs.submit(specs))
-    wait_for(lambda: jobs.store.state(job_id).finished, limit_s, "the job", every_s=0.1)
+
+    def finished() -> bool:
+        st = jobs.store.state(job_id)
+        if st is None:
+            raise JobLost(f"job {job_id} vanished from Redis")
+        return bool(st.finished)
+
+    wait_for(finished, limit_s, "the job", every_s=0.1)
     return job_id, time.perf_counter() - t0
 
 
@@ -198,14 +245,23 @@ def celery_throughput(threads: int, batch: int, items: int, chunk: int, logs: Pa
     try:
         warm, _ = run_job(jobs, [{"upper": u, "style": "traditional"} for u in distinct_uppers(64, 7)], 600)
         ids.append(warm)
-        wait_quiet("celery", QUIET_S)
-        job_id, wall = run_job(jobs, [{"upper": u, "style": "traditional"} for u in distinct_uppers(items, 0)], 3600)
-        ids.append(job_id)
-        st = jobs.store.state(job_id)
-        assert st is not None
-        return {"items": items, "chunk_size": chunk, "worker_concurrency": 1, "torch_threads": threads,
-                "max_batch_size": batch, "wall_s": round(wall, 2),
-                "items_per_s": round(items / wall, 1), "done": st.done, "failed": st.failed}
+        specs = [{"upper": u, "style": "traditional"} for u in distinct_uppers(items, 0)]
+        for attempt in range(3):
+            wait_quiet("celery", QUIET_S)
+            meter = CpuMeter({worker.p.pid})
+            try:
+                job_id, wall = run_job(jobs, specs, 3600)
+            except JobLost as e:
+                print(f"jobs_bench: {e}; measuring again", file=sys.stderr)
+                continue
+            ids.append(job_id)
+            st = jobs.store.state(job_id)
+            assert st is not None
+            return {"items": items, "chunk_size": chunk, "worker_concurrency": 1, "torch_threads": threads,
+                    "max_batch_size": batch, "wall_s": round(wall, 2),
+                    "items_per_s": round(items / wall, 1), "done": st.done, "failed": st.failed,
+                    "cpu": meter.report(), "attempts": attempt + 1}
+        raise RuntimeError("the Celery job vanished three times")
     finally:
         worker.stop()
         for j in ids:
@@ -266,8 +322,11 @@ def progress(url: str, job_id: str) -> dict[str, int]:
 
 
 def interactive(threads: int, batch: int, concurrency: int, duration: float, bulk_items: int,
-                logs: Path) -> dict[str, Any]:
-    server, url = start_server(base_env(threads, batch), logs)
+                logs: Path, share: float | None = None) -> dict[str, Any]:
+    env = base_env(threads, batch)
+    if share is not None:
+        env["CHUNLIAN_BULK_MIN_SHARE"] = str(share)
+    server, url = start_server(env, logs)
     try:
         pool = distinct_uppers(20000, 1)
         n = len(pool) // 3
@@ -275,14 +334,18 @@ def interactive(threads: int, batch: int, concurrency: int, duration: float, bul
         bulk_u = distinct_uppers(bulk_items, 3)
         asyncio.run(interactive_load(url, warm, concurrency, 5))
         wait_quiet("interactive_alone", QUIET_S)
+        meter = CpuMeter({server.p.pid})
         alone = asyncio.run(interactive_load(url, alone_u, concurrency, duration))
+        alone["cpu"] = meter.report()
         r = httpx.post(f"{url}/v1/jobs", json={"items": [{"upper": u} for u in bulk_u]}, timeout=60)
         r.raise_for_status()
         job_id = r.json()["job_id"]
         wait_for(lambda: progress(url, job_id)["done"] > 0, 120, "the bulk job to start")
         # (no quiet wait here: the bulk job is running on purpose)
         p0, t0 = progress(url, job_id), time.perf_counter()
+        meter = CpuMeter({server.p.pid})
         with_bulk = asyncio.run(interactive_load(url, with_u, concurrency, duration))
+        with_bulk["cpu"] = meter.report()
         p1, t1 = progress(url, job_id), time.perf_counter()
         bulk_during = p1["done"] - p0["done"]
         still_running = p1["done"] + p1["failed"] < p1["total"]
@@ -291,6 +354,7 @@ def interactive(threads: int, batch: int, concurrency: int, duration: float, bul
         httpx.delete(f"{url}/v1/jobs/{job_id}", timeout=30)
         return {
             "concurrency": concurrency, "duration_s": duration, "torch_threads": threads, "max_batch_size": batch,
+            "bulk_min_share": share if share is not None else "default (0.125)",
             "alone": alone, "with_bulk_job": with_bulk,
             "p99_ratio_with_vs_alone": round(with_bulk["p99_ms"] / alone["p99_ms"], 2),
             "p50_ratio_with_vs_alone": round(with_bulk["p50_ms"] / alone["p50_ms"], 2),
@@ -312,7 +376,9 @@ def colocated(threads: int, batch: int, concurrency: int, duration: float, items
         pool = distinct_uppers(20000, 2)
         asyncio.run(interactive_load(url, pool[:300], concurrency, 5))
         wait_quiet("colocated_alone", QUIET_S)
+        meter = CpuMeter({server.p.pid})
         out["alone"] = asyncio.run(interactive_load(url, pool[300:6000], concurrency, duration))
+        out["alone"]["cpu"] = meter.report()
         for name, extra, k in (("worker_own_model", [], 1), ("worker_via_engine_url", ["--engine-url", url], 2)):
             queue = f"jobs-bench-{uuid.uuid4().hex[:8]}"
             jobs = CeleryJobs(celery_settings(queue, 50, threads, batch))
@@ -326,7 +392,9 @@ def colocated(threads: int, batch: int, concurrency: int, duration: float, items
                                                   for u in distinct_uppers(items, 10 + k)]))
                 wait_for(lambda: jobs.store.state(job_id).done > 0, 300, "the worker to start")  # noqa: B023
                 d0, t0 = jobs.store.state(job_id).done, time.perf_counter()  # type: ignore[union-attr]
+                meter = CpuMeter({server.p.pid, worker.p.pid})
                 load = asyncio.run(interactive_load(url, pool[6000 * k:6000 * (k + 1)], concurrency, duration))
+                load["cpu"] = meter.report()
                 d1, t1 = jobs.store.state(job_id).done, time.perf_counter()  # type: ignore[union-attr]
                 load["bulk_items_per_s_during_load"] = round((d1 - d0) / (t1 - t0), 1)
                 load["p99_ratio_vs_alone"] = round(load["p99_ms"] / out["alone"]["p99_ms"], 2)
@@ -354,6 +422,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--duration", type=float, default=20.0, help="seconds per interactive phase")
     ap.add_argument("--bulk-items", type=int, default=5000, help="items of the in-process bulk job")
+    ap.add_argument("--shares", default="", help="also measure (3) with these CHUNLIAN_BULK_MIN_SHARE values")
     ap.add_argument("--colocated", action="store_true", help="also: a Celery worker beside the server")
     ap.add_argument("--skip", default="", help="comma-separated: engine,celery,interactive")
     ap.add_argument("--wait-quiet", type=float, default=300.0,
@@ -377,6 +446,9 @@ def main() -> None:
     if "interactive" not in skip:
         report["interactive"] = interactive(args.threads, args.max_batch_size, args.concurrency, args.duration,
                                             args.bulk_items, logs)
+        for share in [float(x) for x in args.shares.split(",") if x]:
+            report[f"interactive_share_{share:g}"] = interactive(
+                args.threads, args.max_batch_size, args.concurrency, args.duration, args.bulk_items, logs, share)
     if args.colocated:
         report["colocated"] = colocated(args.threads, args.max_batch_size, args.concurrency, args.duration,
                                         args.bulk_items, logs)

@@ -16,6 +16,7 @@ Leak checks scan /proc for processes carrying this run's marker in their environ
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -405,7 +406,9 @@ def test_an_instance_killed_mid_stream_fails_no_request(cluster: Launched) -> No
         async with httpx.AsyncClient(base_url=cluster.url, timeout=60, limits=limits) as c:
             await asyncio.gather(*(stream(c, 12) for _ in range(6)), kill_when_victim_served())
 
-    asyncio.run(main())
+    # a fresh thread: an earlier test in the session may have left this thread's loop running
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, main()).result()
     assert killed
     assert _wait_until(lambda: not _alive(victim["pid"]), 10)
     failures = [r for r in results if r[0] != 200]

@@ -240,3 +240,98 @@ async def test_warmup_is_not_measured() -> None:
     assert rep["warmup_requests"] > 0 and rep["requests"] == 10
     assert sum(1 for s in seeds if s is not None and s >= WARMUP_SEED_BASE) == rep["warmup_requests"]
     assert rep["engine_completed"] == 10  # /metrics deltas start after the warm-up
+
+
+# ---- the raw HTTP/1.1 client ------------------------------------------------------------------
+
+
+async def _canned_server(replies: list[bytes]) -> tuple[asyncio.AbstractServer, int, list[bytes]]:
+    """A loopback server answering each request with the next canned reply (b"" = hang)."""
+    seen: list[bytes] = []
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while replies:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                seen.append(head + await reader.readexactly(length))
+                reply = replies.pop(0)
+                if reply == b"<drop>":  # like a keep-alive timeout racing the request
+                    seen.pop()
+                    break
+                if not reply:
+                    await asyncio.sleep(5)
+                    return
+                writer.write(reply)
+                await writer.drain()
+                low = reply.lower()
+                if b"connection: close" in low or (b"content-length" not in low and b"chunked" not in low):
+                    break  # asked to close, or the body ends with the connection
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    _canned_server.connections = connections  # type: ignore[attr-defined]
+    return server, server.sockets[0].getsockname()[1], seen
+
+
+async def test_raw_connection_reads_every_framing_and_reconnects() -> None:
+    from chunlian.bench.loadgen import RawConnection
+
+    ok = b'{"lower":"x","cached":true}'
+    replies = [
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(ok), ok),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"cac\r\n10\r\nhed\": false, \"a\"\r\n3\r\n:1}\r\n0\r\n\r\n",
+        b'HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}',
+        b'HTTP/1.1 200 OK\r\n\r\n{"cached": false}',  # close-delimited (HTTP/1.0 style)
+        b"",  # never answers
+    ]
+    server, port, seen = await _canned_server(replies)
+    async with server:
+        conn = RawConnection("127.0.0.1", port, timeout_s=0.5)
+        body = json.dumps({"upper": "春回大地千山秀"}, ensure_ascii=False).encode()
+        assert await conn.post("/v1/couplets", body) == ("200", True)
+        assert await conn.post("/v1/couplets", body) == ("200", False)
+        assert await conn.post("/v1/couplets", body) == ("429", None)
+        assert conn.writer is None  # the server said close
+        assert await conn.post("/v1/couplets", body) == ("200", False)
+        assert await conn.post("/v1/couplets", body) == ("timeout", None)
+        conn.close()
+    assert len(seen) == 5
+    assert seen[0].startswith(b"POST /v1/couplets HTTP/1.1\r\n")
+    assert seen[0].endswith(body) and b"Content-Type: application/json" in seen[0]
+
+
+async def test_raw_connection_resends_once_when_a_kept_alive_connection_was_closed() -> None:
+    from chunlian.bench.loadgen import RawConnection
+
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\n\r\n{\"cached\": true}"
+    server, port, seen = await _canned_server([ok, b"<drop>", ok, ok])
+    async with server:
+        conn = RawConnection("127.0.0.1", port, timeout_s=2.0)
+        assert await conn.post("/v1/couplets", b"{}") == ("200", True)
+        assert await conn.post("/v1/couplets", b"{}") == ("200", True)  # dropped, sent again
+        conn.IDLE_REUSE_S = 0.05
+        await asyncio.sleep(0.1)
+        assert await conn.post("/v1/couplets", b"{}") == ("200", True)  # idle: a new connection
+        conn.close()
+    assert len(seen) == 3
+    assert len(_canned_server.connections) == 3  # type: ignore[attr-defined]
+
+
+async def test_raw_connection_reports_refused_connections() -> None:
+    from chunlian.bench.loadgen import RawConnection
+    from chunlian.bench.sweep import free_port
+
+    conn = RawConnection("127.0.0.1", free_port(), timeout_s=2.0)
+    status, cached = await conn.post("/v1/couplets", b"{}")
+    assert status == "transport:ConnectionRefusedError" and cached is None
+
+
+async def test_auto_client_choice() -> None:
+    with pytest.raises(ValueError, match="cannot drive"):
+        await run_load_async("https://127.0.0.1:1", client_kind="raw")

@@ -100,7 +100,7 @@ def cmd_http(args: argparse.Namespace) -> int:
         print(f"chunlian bench http: {url}/readyz says {ready.status_code}; measuring anyway", file=sys.stderr)
     res = run_load(url, args.concurrency, args.duration, args.requests, plan,
                    warmup_s=args.warmup, timeout_s=args.timeout, server_pid=args.server_pid,
-                   progress=_progress(args) and not args.json, label="http")
+                   progress=_progress(args) and not args.json, label="http", client_kind=args.client)
     rep = res.report()
     if args.plot:
         rep["plot"] = str(plot_timeline(res, args.plot))
@@ -192,6 +192,8 @@ def register(bsub: Any) -> None:
     h.add_argument("--hot-size", type=_positive(int), default=16, help="lines in the hot set (default 16)")
     h.add_argument("--seed", type=int, default=0, help="seed of the request mix; another seed sends other fresh requests (default 0)")
     h.add_argument("--timeout", type=_positive(float), default=30.0, help="per-request client timeout, s")
+    h.add_argument("--client", choices=["auto", "raw", "httpx"], default="auto",
+                   help="raw: a lean HTTP/1.1 client (http only); auto: raw for http, httpx for https")
     h.add_argument("--server-pid", type=int, default=None, help="a local server process: report its CPU use")
     h.add_argument("--plot", type=Path, default=None, help="write requests/s and latency over time (PNG)")
     h.set_defaults(fn=cmd_http)

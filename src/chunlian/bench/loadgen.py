@@ -23,13 +23,14 @@ cuda). With ``server_pid`` (a process on this host) the server's CPU time is rea
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,7 @@ class LoadResult:
     server_cpu_s: float | None = None
     client_cpu_s: float = 0.0
     warmup_requests: int = 0
+    client_kind: str = "httpx"
 
     def report(self) -> dict[str, Any]:
         ok = [r for r in self.records if r.status == "200"]
@@ -297,6 +299,7 @@ class LoadResult:
             "p99_hit_ms": q(hits, 99), "p99_miss_ms": q(misses, 99),
             "miss_requests_per_s": round(len(misses) / w, 1),
             "warmup_requests": self.warmup_requests,
+            "client": self.client_kind,
             "client_cpu_s": round(self.client_cpu_s, 2),
             "plan": self.plan,
         }
@@ -350,6 +353,19 @@ async def _scrape(client: httpx.AsyncClient) -> Samples | None:
     return parse_metrics(r.text) if r.status_code == 200 else None
 
 
+Poster = Callable[[bytes], Awaitable[tuple[str, "bool | None"]]]
+
+
+def _answer(status: int, body: bytes) -> tuple[str, bool | None]:
+    if status != 200:
+        return str(status), None
+    try:
+        cached = bool(json.loads(body).get("cached"))
+    except (ValueError, AttributeError):
+        return "bad_json", None
+    return "200", cached
+
+
 async def _post(client: httpx.AsyncClient, body: bytes) -> tuple[str, bool | None]:
     try:
         r = await client.post(ENDPOINT, content=body, headers={"content-type": "application/json"})
@@ -357,32 +373,107 @@ async def _post(client: httpx.AsyncClient, body: bytes) -> tuple[str, bool | Non
         return "timeout", None
     except httpx.TransportError as e:
         return f"transport:{type(e).__name__}", None
-    if r.status_code != 200:
-        return str(r.status_code), None
-    try:
-        cached = bool(r.json().get("cached"))
-    except ValueError:
-        return "bad_json", None
-    return "200", cached
+    return _answer(r.status_code, r.content)
+
+
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection for ``POST`` of JSON bodies, on asyncio streams.
+
+    A load generator must cost the host far less than the server it measures; a general
+    client (httpx) spends milliseconds of CPU per request at high concurrency, this a few
+    tens of microseconds. Plain ``http://`` only; reconnects after any error, and before
+    reusing a connection idle for ``IDLE_REUSE_S`` (uvicorn closes idle ones after 5 s).
+    """
+
+    IDLE_REUSE_S = 2.0
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+        self._head = f"Host: {host}:{port}\r\nContent-Type: application/json\r\n".encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.last_used = 0.0
+
+    async def post(self, path: str, body: bytes) -> tuple[str, bool | None]:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                status, data = await self._exchange(path, body)
+        except TimeoutError:
+            self.close()
+            return "timeout", None
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+            self.close()
+            return f"transport:{type(e).__name__}", None
+        return _answer(status, data)
+
+    async def _exchange(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is not None and time.monotonic() - self.last_used > self.IDLE_REUSE_S:
+            self.close()  # the server may be closing it (keep-alive timeout): don't race it
+        reused = self.writer is not None
+        if self.writer is None or self.reader is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.reader, self.writer
+        writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\n" + self._head
+                     + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            if not reused or (isinstance(e, asyncio.IncompleteReadError) and e.partial):
+                raise
+            # a kept-alive connection the server closed before answering: the request was
+            # not read; send it once more on a new connection
+            self.close()
+            return await self._exchange(path, body)
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        headers: dict[bytes, bytes] = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(b":")
+            headers[k.strip().lower()] = v.strip().lower()
+        if b"content-length" in headers:
+            data = await reader.readexactly(int(headers[b"content-length"]))
+        elif headers.get(b"transfer-encoding") == b"chunked":
+            parts = []
+            while True:
+                size = int((await reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    while (await reader.readline()) not in (b"\r\n", b""):
+                        pass
+                    break
+                parts.append(await reader.readexactly(size))
+                await reader.readexactly(2)
+            data = b"".join(parts)
+        else:
+            data = await reader.read()
+            headers[b"connection"] = b"close"
+        if headers.get(b"connection") == b"close":
+            self.close()
+        self.last_used = time.monotonic()
+        return status, data
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
 
 
 def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps(body, ensure_ascii=False).encode()
 
 
-async def _warmup(client: httpx.AsyncClient, lines: list[str], concurrency: int, seconds: float) -> int:
+async def _warmup(posters: list[Poster], lines: list[str], seconds: float) -> int:
     """Send seeded warm-up requests for ``seconds``; wait for the last ones (not measured)."""
     deadline = time.monotonic() + seconds
     counter = iter(range(1 << 62))
     sent = 0
 
-    async def worker() -> None:
+    async def worker(post: Poster) -> None:
         nonlocal sent
         while time.monotonic() < deadline:
             sent += 1
-            await _post(client, _encode(warmup_body(lines, next(counter))))
+            await post(_encode(warmup_body(lines, next(counter))))
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(p) for p in posters))
     return sent
 
 
@@ -399,87 +490,120 @@ async def run_load_async(
     server_pid: int | None = None,
     progress: bool = False,
     label: str = "load",
+    client_kind: str = "auto",
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> LoadResult:
-    """Run one bounded load against ``url`` and return what was measured."""
+    """Run one bounded load against ``url`` and return what was measured.
+
+    ``client_kind``: ``raw`` (``RawConnection``, one per worker; plain http only), ``httpx``,
+    or ``auto`` (raw for http:// without a ``transport``, else httpx). ``/metrics`` is always
+    read with httpx.
+    """
     url = check_url(url)
     if concurrency < 1 or duration_s <= 0 or max_requests < 1:
         raise ValueError("concurrency and max_requests must be >= 1 and duration_s > 0")
+    parts = urlsplit(url)
+    if client_kind == "auto":
+        client_kind = "raw" if parts.scheme == "http" and transport is None else "httpx"
+    if client_kind not in ("raw", "httpx") or (client_kind == "raw" and parts.scheme != "http"):
+        raise ValueError(f"client {client_kind!r} cannot drive {url}")
     plan = plan if plan is not None else RequestPlan(load_lines())
     res = LoadResult(url, concurrency, duration_s, max_requests)
+    res.client_kind = client_kind
     limits = httpx.Limits(max_connections=concurrency + 2, max_keepalive_connections=concurrency + 2)
     async with httpx.AsyncClient(base_url=url, timeout=timeout_s, limits=limits, transport=transport) as client:
-        if warmup_s > 0:
-            res.warmup_requests = await _warmup(client, plan.lines, concurrency, warmup_s)
-        before = await _scrape(client)
-        cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
-        ccpu0 = time.process_time()
-        bar = _Progress(progress, duration_s, label)
-        t0 = time.perf_counter()
-        deadline = t0 + duration_s
-        issued = 0
-        ok = err = 0
-        records = res.records
-
-        async def worker() -> None:
-            nonlocal issued, ok, err
-            while issued < max_requests and time.perf_counter() < deadline:
-                issued += 1
-                body = _encode(plan.next_body())
-                start = time.perf_counter()
-                status, cached = await _post(client, body)
-                end = time.perf_counter()
-                records.append(Record(end - t0, end - start, status, cached))
-                if status == "200":
-                    ok += 1
-                else:
-                    err += 1
-
-        async def sampler() -> None:
-            while True:
-                await asyncio.sleep(sample_interval_s)
-                s = await _scrape(client)
-                if s is not None:
-                    snap = {"t": time.perf_counter() - t0,
-                            "queue_depth": metric(s, "chunlian_queue_depth"),
-                            "running": metric(s, "chunlian_engine_running")}
-                    if "chunlian_gpu_utilization_ratio" in s:
-                        snap["gpu_util"] = metric(s, "chunlian_gpu_utilization_ratio")
-                    res.samples.append(snap)
-
-        async def ticker() -> None:
-            while True:
-                bar.update(time.perf_counter() - t0, ok, err)
-                await asyncio.sleep(0.25)
-
-        workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
-        helpers = [asyncio.ensure_future(ticker())]
-        if before is not None and sample_interval_s > 0:
-            helpers.append(asyncio.ensure_future(sampler()))
+        conns: list[RawConnection] = []
+        if client_kind == "raw":
+            port = parts.port or 80
+            conns = [RawConnection(parts.hostname or "127.0.0.1", port, timeout_s) for _ in range(concurrency)]
+            prefix = parts.path.rstrip("/")
+            posters: list[Poster] = [functools.partial(c.post, prefix + ENDPOINT) for c in conns]
+        else:
+            posters = [functools.partial(_post, client)] * concurrency
         try:
-            _, pending = await asyncio.wait(workers, timeout=max(0.0, deadline - time.perf_counter()))
-            res.window_s = min(time.perf_counter(), deadline) - t0 if pending else (
-                max((r.done_s for r in records), default=0.0))
-            res.unfinished = len(pending)
-            for task in pending:
-                task.cancel()
-            for task in helpers:
-                task.cancel()
-            await asyncio.gather(*pending, *helpers, return_exceptions=True)
+            return await _measure(res, client, posters, plan, warmup_s, sample_interval_s,
+                                  server_pid, progress, label)
         finally:
-            bar.close()
-        # answers that arrived after the window closed (cancellation raced them) are not counted
-        kept = [r for r in records if r.done_s <= res.window_s + 1e-6]
-        res.unfinished += len(records) - len(kept)
-        res.records = kept
-        res.client_cpu_s = time.process_time() - ccpu0
-        if server_pid:
-            cpu1 = proc_cpu_seconds(server_pid)
-            if cpu0 is not None and cpu1 is not None:
-                res.server_cpu_s = cpu1 - cpu0
-        after = await _scrape(client)
-        if before is not None and after is not None:
-            res.server = metrics_delta(before, after, res.window_s)
+            for c in conns:
+                c.close()
+
+
+async def _measure(
+    res: LoadResult, client: httpx.AsyncClient, posters: list[Poster], plan: RequestPlan,
+    warmup_s: float, sample_interval_s: float, server_pid: int | None, progress: bool, label: str,
+) -> LoadResult:
+    duration_s, max_requests = res.duration_s, res.max_requests
+    if warmup_s > 0:
+        res.warmup_requests = await _warmup(posters, plan.lines, warmup_s)
+    before = await _scrape(client)
+    cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
+    ccpu0 = time.process_time()
+    bar = _Progress(progress, duration_s, label)
+    t0 = time.perf_counter()
+    deadline = t0 + duration_s
+    issued = 0
+    ok = err = 0
+    records = res.records
+
+    async def worker(post: Poster) -> None:
+        nonlocal issued, ok, err
+        while issued < max_requests and time.perf_counter() < deadline:
+            issued += 1
+            body = _encode(plan.next_body())
+            start = time.perf_counter()
+            status, cached = await post(body)
+            end = time.perf_counter()
+            records.append(Record(end - t0, end - start, status, cached))
+            if status == "200":
+                ok += 1
+            else:
+                err += 1
+
+    async def sampler() -> None:
+        while True:
+            await asyncio.sleep(sample_interval_s)
+            s = await _scrape(client)
+            if s is not None:
+                snap = {"t": time.perf_counter() - t0,
+                        "queue_depth": metric(s, "chunlian_queue_depth"),
+                        "running": metric(s, "chunlian_engine_running")}
+                if "chunlian_gpu_utilization_ratio" in s:
+                    snap["gpu_util"] = metric(s, "chunlian_gpu_utilization_ratio")
+                res.samples.append(snap)
+
+    async def ticker() -> None:
+        while True:
+            bar.update(time.perf_counter() - t0, ok, err)
+            await asyncio.sleep(0.25)
+
+    workers = [asyncio.ensure_future(worker(p)) for p in posters]
+    helpers = [asyncio.ensure_future(ticker())]
+    if before is not None and sample_interval_s > 0:
+        helpers.append(asyncio.ensure_future(sampler()))
+    try:
+        _, pending = await asyncio.wait(workers, timeout=max(0.0, deadline - time.perf_counter()))
+        res.window_s = min(time.perf_counter(), deadline) - t0 if pending else (
+            max((r.done_s for r in records), default=0.0))
+        res.unfinished = len(pending)
+        for task in pending:
+            task.cancel()
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*pending, *helpers, return_exceptions=True)
+    finally:
+        bar.close()
+    # answers that arrived after the window closed (cancellation raced them) are not counted
+    kept = [r for r in records if r.done_s <= res.window_s + 1e-6]
+    res.unfinished += len(records) - len(kept)
+    res.records = kept
+    res.client_cpu_s = time.process_time() - ccpu0
+    if server_pid:
+        cpu1 = proc_cpu_seconds(server_pid)
+        if cpu0 is not None and cpu1 is not None:
+            res.server_cpu_s = cpu1 - cpu0
+    after = await _scrape(client)
+    if before is not None and after is not None:
+        res.server = metrics_delta(before, after, res.window_s)
     res.plan = plan.stats()
     return res
 

@@ -653,7 +653,7 @@ async def overload(
     url: str, pid: int | None, *, connections: int, duration_s: float, warmup_s: float,
     timeout_ms: int = 3000, late_margin_s: float = 2.0, strict_latency: bool = True,
     rss_growth_limit: float = 0.10, regenerate_share: float = 0.8, seed: int = 0,
-    ramp_s: float = 1.0,
+    ramp_s: float = 1.0, idle_reconnect_s: float = 3.0,
 ) -> Outcome:
     """``connections`` clients, each on its own keep-alive connection, posting couplet
     requests back to back for ``warmup_s + duration_s`` seconds (a 429 makes that client wait
@@ -670,6 +670,8 @@ async def overload(
     end = warm_end + duration_s
     deadline_s = timeout_ms / 1000.0
     late: list[float] = []
+    late_cached = [0]
+    reconnects = [0]
     transport: Counter[str] = Counter()
     rss: dict[str, int | None] = {}
     peak = [0]
@@ -683,26 +685,39 @@ async def overload(
     async def client(i: int) -> None:
         await asyncio.sleep(ramp_s * i / max(1, connections))  # spread the connects
         conn = RawConn(HOST, port)
+        served = 0  # answers on this connection
+        idle_since = time.monotonic()
         try:
             while time.monotonic() < end:
                 data = body()
+                if served and time.monotonic() - idle_since >= idle_reconnect_s:
+                    # as HTTP clients do: never reuse a connection the server may be closing
+                    # (uvicorn drops keep-alive connections idle for 5 s)
+                    conn.abort()
+                    served = 0
+                    reconnects[0] += 1
                 try:
                     reply = await conn.request("POST", "/v1/couplets", data, JSON_HEADERS,
                                                timeout_s=deadline_s + 60.0)
                 except (OSError, TimeoutError, ProtocolError, asyncio.IncompleteReadError, ValueError) as e:
-                    kind = type(e).__name__
+                    kind = f"{type(e).__name__} on a {'reused' if served else 'new'} connection"
                     transport[kind] += 1
-                    out.count("failed", f"transport:{kind}")
+                    out.count("failed", f"transport:{type(e).__name__}")
                     if transport[kind] <= 3:
                         out.problem(f"transport error {kind}: {e}")
                     conn.abort()
+                    served = 0
                     await asyncio.sleep(0.2)
                     continue
+                served += 1
+                idle_since = time.monotonic()
                 st = reply.status
                 if st == 200:
                     out.count("answered", "200")
                     if reply.latency_s > deadline_s + late_margin_s:
                         late.append(reply.latency_s)
+                        if b'"cached":true' in reply.body:
+                            late_cached[0] += 1
                 elif st == 429:
                     why = error_shape_problem(reply, data)
                     ra = reply.headers.get("retry-after", "")
@@ -738,21 +753,32 @@ async def overload(
                 peak[0] = max(peak[0], v)
             await asyncio.sleep(0.5)
 
+    lags: list[float] = []
+
+    async def lag_monitor() -> None:  # how late this (the client's) event loop runs
+        while time.monotonic() < end:
+            t = time.monotonic()
+            await asyncio.sleep(0.1)
+            lags.append(time.monotonic() - t - 0.1)
+
     samp = asyncio.create_task(sampler())
+    lagmon = asyncio.create_task(lag_monitor())
     await asyncio.gather(*(client(i) for i in range(connections)))
     await samp
+    await lagmon
+    lags.sort()
+    client_lag = (lags[int(len(lags) * 0.99)] if lags else 0.0, lags[-1] if lags else 0.0)
     load_s = time.monotonic() - t_start
-    # healthy afterwards: the queue drains, /readyz is 200, a new request is answered
-    drained = False
-    for _ in range(600):
+    # healthy afterwards: the queue drains, /readyz is 200, a new request is answered, and
+    # then no slot is left occupied (``chunlian_engine_running`` is refreshed by a step, so it
+    # is read after the new request)
+    drain_deadline = time.monotonic() + 60.0
+    s = await ascrape(url)
+    while metric(s, "chunlian_queue_depth") != 0 and time.monotonic() < drain_deadline:
+        await asyncio.sleep(0.2)
         s = await ascrape(url)
-        if metric(s, "chunlian_queue_depth") == 0 and metric(s, "chunlian_engine_running") == 0:
-            drained = True
-            break
-        await asyncio.sleep(0.1)
-    if not drained:
-        out.problem(f"the engine did not drain within 60 s after the load: queue depth "
-                    f"{metric(s, 'chunlian_queue_depth'):.0f}, running {metric(s, 'chunlian_engine_running'):.0f}")
+    if metric(s, "chunlian_queue_depth") != 0:
+        out.problem(f"the queue did not drain within 60 s after the load: depth {metric(s, 'chunlian_queue_depth'):.0f}")
     if pid is not None:
         await asyncio.sleep(1.0)
         rss["end_kb"] = rss_kb(pid)
@@ -764,6 +790,9 @@ async def overload(
     if fresh.status_code != 200:
         out.problem(f"a request after the load: {fresh.status_code} {fresh.text[:200]}")
     after = await ascrape(url)
+    if metric(after, "chunlian_engine_running") != 0 or metric(after, "chunlian_queue_depth") != 0:
+        out.problem(f"slots still taken after the load: running {metric(after, 'chunlian_engine_running'):.0f}, "
+                    f"queued {metric(after, 'chunlian_queue_depth'):.0f}")
     errors = server_errors(after) - server_errors(before)
     if errors:
         out.problem(f"the service counted {errors:.0f} 5xx answers (504 excluded)")
@@ -774,13 +803,25 @@ async def overload(
         completed=int(metric(after, "chunlian_engine_completed_total") - metric(before, "chunlian_engine_completed_total")),
         deadline_drops=int(metric(after, "chunlian_deadline_drops_total") - metric(before, "chunlian_deadline_drops_total")),
     )
+    def over(samples: Samples, seconds: str) -> float:
+        name = "chunlian_http_request_duration_seconds"
+        return (metric(samples, f"{name}_count", endpoint="/v1/couplets")
+                - metric(samples, f"{name}_bucket", endpoint="/v1/couplets", le=seconds))
+
+    slow_5, slow_10 = over(after, "5.0") - over(before, "5.0"), over(after, "10.0") - over(before, "10.0")
+    out.note(f"server-side (middleware) time of /v1/couplets answers: {slow_5:.0f} over 5 s, {slow_10:.0f} over 10 s; "
+             f"client reconnects after idling {reconnects[0]}; the client's own event-loop lag p99 "
+             f"{client_lag[0] * 1000:.0f} ms, max {client_lag[1] * 1000:.0f} ms")
+    out.extra.update(server_over_5s=slow_5, server_over_10s=slow_10, late_cached=late_cached[0])
     if late:
-        msg = (f"{len(late)} answers of 200 came later than the deadline + {late_margin_s:.0f} s "
-               f"(slowest {max(late):.1f} s)")
+        msg = (f"{len(late)} answers of 200 ({late_cached[0]} of them cache hits) reached the client later than "
+               f"the deadline + {late_margin_s:.0f} s (slowest {max(late):.1f} s)")
         if strict_latency:
             out.problem(msg)
         else:
             out.note(msg)
+    if transport:
+        out.note(f"transport errors: {dict(transport)}")
     start_kb, end_kb = rss.get("start_kb"), rss.get("end_kb")
     if pid is not None:
         if not start_kb or not end_kb:
@@ -948,6 +989,7 @@ async def disconnects(svc: InProcessService, *, queued: int = 8, offset: int = 0
     ``chunlian_cancelled_requests_total`` and as 499), none is prefilled, the queue empties
     and the engine carries on."""
     out = Outcome("5a. clients disconnect", f"{queued} queued + 1 running request, connections dropped")
+    t0 = time.monotonic()
     url, lines = svc.url, upper_lines()
     m0 = await ascrape(url)
     conns: list[RawConn] = []
@@ -988,6 +1030,7 @@ async def disconnects(svc: InProcessService, *, queued: int = 8, offset: int = 0
         out.problem(f"slots leaked: running {metric(m2, 'chunlian_engine_running')}, "
                     f"queued {metric(m2, 'chunlian_queue_depth')}")
     out.note(f"cancelled +{cancelled:.0f}, 499 +{c499:.0f}, prefills +{prefills:.0f}")
+    out.seconds = time.monotonic() - t0
     return out
 
 
@@ -1001,6 +1044,7 @@ async def queued_deadlines(svc: InProcessService, *, queued: int = 8, timeout_ms
     this machine stalled for a second between sending and releasing; then the two counters
     together must still account for every request (and the note says so)."""
     out = Outcome("5c. deadline passes while queued", f"{queued} requests with timeout_ms={timeout_ms} behind a parked engine")
+    t0 = time.monotonic()
     url, lines = svc.url, upper_lines()
     m0 = await ascrape(url)
     conns: list[RawConn] = []
@@ -1043,6 +1087,7 @@ async def queued_deadlines(svc: InProcessService, *, queued: int = 8, timeout_ms
         out.problem(f"drops {drops:.0f} + cancellations {cancelled:.0f} != {queued}")
     out.note(f"deadline drops +{drops:.0f}, prefills +{prefills:.0f} (the running request only)"
              + (f"; the machine stalled {t_release - t_send:.2f} s, cancellations +{cancelled:.0f}" if stalled else ""))
+    out.seconds = time.monotonic() - t0
     return out
 
 
@@ -1515,6 +1560,7 @@ async def bad_input(url: str, *, api_key: str | None, hypothesis_examples: int, 
                     schemathesis_time_s: float = 300.0, seed: int = 1) -> Outcome:
     """Fixed hostile cases, hypothesis and schemathesis; plus the service's own count of
     5xx answers over the whole run must stay 0."""
+    t0 = time.monotonic()
     m0 = await ascrape(url)
     out = Outcome("6. bad input", "")
     parts = [await fixed_cases(url, api_key),
@@ -1530,6 +1576,7 @@ async def bad_input(url: str, *, api_key: str | None, hypothesis_examples: int, 
     if server_errors(m1) - server_errors(m0):
         out.problem(f"the service counted {server_errors(m1) - server_errors(m0):.0f} 5xx answers")
     out.extra["parts"] = {p.scenario: p.sent for p in parts}
+    out.seconds = time.monotonic() - t0
     return out
 
 
@@ -1543,6 +1590,7 @@ async def security(svc: ServiceProcess, *, api_keys: Sequence[str], redis_db: in
     """Size limits, hashed cache keys, API keys on the job endpoints, no internals in
     errors, request ids (and never keys) in the logs. ``svc`` must log at INFO."""
     out = Outcome("7. security basics", "limits, cache keys, API keys, error bodies, logs")
+    t0 = time.monotonic()
     url, port = svc.url, svc.port
     key = api_keys[0] if api_keys else None
     rid = f"rel-sec-{uuid.uuid4().hex[:12]}"
@@ -1652,12 +1700,14 @@ async def security(svc: ServiceProcess, *, api_keys: Sequence[str], redis_db: in
             out.problem("an API key appears in the service log")
     if "Traceback" in log:
         out.note("the service log holds a traceback (logged on purpose for an unexpected error)")
+    out.seconds = time.monotonic() - t0
     return out
 
 
 # ---- 3. worker faults ----------------------------------------------------------------------------
 
 JOBS_REDIS_DB = 11
+STALL_S = 30 + 25 + 20  # visibility timeout + hard time limit + slack: a lost chunk never comes back
 WORKER_READY = " ready."
 
 
@@ -1758,18 +1808,18 @@ def _check_job(out: Outcome, api: httpx.Client, job_id: str, items: list[dict[st
         r.raise_for_status()
         results += r.json()["results"] or []
     state = api.get(f"/v1/jobs/{job_id}", params={"limit": 0}, headers=headers).json()
-    indices = [r.get("index") for r in results]
+    indices = [r.get("index") for r in results if r.get("status") != "pending"]
     seen = Counter(indices)
-    missing = [i for i in range(len(items)) if seen[i] == 0]
+    missing = [i for i in range(len(items)) if seen[i] == 0]  # no result, or still pending
     dup = [i for i, n in seen.items() if n > 1]
-    not_done = [r for r in results if r.get("status") != "done"]
+    not_done = [r for r in results if r.get("status") not in ("done", "pending")]
     wrong = [r["index"] for r in results if r.get("status") == "done" and r.get("upper") != items[r["index"]]["upper"]]
     out.lost += len(missing) + len(dup)
-    out.answered += len(results) - len(not_done)
+    out.answered += sum(1 for r in results if r.get("status") == "done")
     out.failed += len(not_done)
     out.sent += len(items)
     if missing:
-        out.problem(f"{len(missing)} items have no result (first {missing[:5]})")
+        out.problem(f"{len(missing)} items never got a result (still pending; first {missing[:5]})")
     if dup:
         out.problem(f"{len(dup)} items have more than one result (first {dup[:5]})")
     if not_done:
@@ -1813,6 +1863,30 @@ def _wait_job(api: httpx.Client, job_id: str, key: str | None, pred: Callable[[d
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {limit_s:.0f} s waiting for {what}")
         time.sleep(0.5)
+
+
+class Stalled(Exception):
+    """A job made no progress for longer than any redelivery could take."""
+
+
+def _wait_finished(api: httpx.Client, job_id: str, limit_s: float, stall_s: float, errors: Counter[str]) -> dict[str, Any]:
+    """Poll until the job finishes; raise ``Stalled`` when no item finished for ``stall_s``
+    (longer than the visibility timeout plus the hard time limit: nothing is coming back)."""
+    deadline = time.monotonic() + limit_s
+    last, last_change = -1, time.monotonic()
+    while True:
+        state = _wait_job(api, job_id, None, lambda s: True, 60, "the job state", errors)
+        if state["status"] in ("done", "failed", "cancelled"):
+            return state
+        p = state["progress"]
+        moved = p["done"] + p["failed"] + p["cancelled"]
+        if moved != last:
+            last, last_change = moved, time.monotonic()
+        elif time.monotonic() - last_change > stall_s:
+            raise Stalled(f"no progress for {stall_s:.0f} s at {p}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the job did not finish within {limit_s:.0f} s ({p})")
+        time.sleep(1.0)
 
 
 def worker_fault(*, items: int = 2000, kill_at: float = 0.25, job_limit_s: float = 240.0,
@@ -1863,8 +1937,10 @@ def worker_fault(*, items: int = 2000, kill_at: float = 0.25, job_limit_s: float
             first.kill()
             done_at_kill = _wait_job(api, job_id, None, lambda s: True, 30, "the job state", errors)["progress"]["done"]
             new_worker("rel-worker-2")
-            _wait_job(api, job_id, None, lambda s: s["status"] in ("done", "failed", "cancelled"), job_limit_s,
-                      "the job to finish after the kill", errors)
+            try:
+                _wait_finished(api, job_id, job_limit_s, STALL_S, errors)
+            except (Stalled, TimeoutError) as e:
+                out.problem(f"after the kill: {e}")
             _check_job(out, api, job_id, job_items, None)
             tries = _job_tries(job_id, JOBS_REDIS_DB)
             out.note(f"{done_at_kill} items done when the worker was killed; items run twice (begun by the killed "
@@ -1892,8 +1968,10 @@ def worker_fault(*, items: int = 2000, kill_at: float = 0.25, job_limit_s: float
                     start_redis()
                     if not had_dump:
                         dump.unlink(missing_ok=True)  # loaded already; later restarts start empty again
-                _wait_job(api, job_id, None, lambda s: s["status"] in ("done", "failed", "cancelled"), job_limit_s,
-                          "the job to finish after the broker restart", errors)
+                try:
+                    _wait_finished(api, job_id, job_limit_s, STALL_S, errors)
+                except (Stalled, TimeoutError) as e:
+                    out.problem(f"after the broker restart: {e}")
                 _check_job(out, api, job_id, job_items, None)
                 tries = _job_tries(job_id, JOBS_REDIS_DB)
                 out.note(f"API errors while the broker was down: {dict(errors) or 'none'}; items run twice: "
@@ -1939,10 +2017,16 @@ async def instance_fault(*, clients: int = 8, duration_s: float = 30.0, kill_aft
                 "CHUNLIAN_LOG_LEVEL": "WARNING", "CHUNLIAN_MAX_BATCH_SIZE": "16"}
     if model_path:
         env["CHUNLIAN_MODEL_PATH"] = str(model_path)
+    prefix = Path(tempfile.mkdtemp(prefix="chunlian-rel-cluster-"))
     spec = ClusterSpec(instances=2, port=cluster_free_port(), workers=0,
                        redis_url=f"redis://{HOST}:{REDIS_PORT}/{CLUSTER_REDIS_DB}", torch_threads=1,
-                       nginx_worker_processes="1", env=env, ready_timeout_s=240, access_log=False)
-    cluster = await asyncio.to_thread(lambda: Cluster(spec).start())
+                       nginx_worker_processes="1", env=env, ready_timeout_s=240, access_log=False,
+                       prefix=prefix)
+    try:
+        cluster = await asyncio.to_thread(lambda: Cluster(spec).start())
+    except BaseException:
+        shutil.rmtree(prefix, ignore_errors=True)
+        raise
     t0 = time.monotonic()
     try:
         victim, survivor = cluster.instances[0], cluster.instances[1]
@@ -1992,6 +2076,13 @@ async def instance_fault(*, clients: int = 8, duration_s: float = 30.0, kill_aft
     finally:
         await asyncio.to_thread(cluster.stop)
         out.seconds = time.monotonic() - t0
+        if out.failed:  # say why, from the instances' own logs
+            for log in sorted((prefix / "logs").glob("instance-*.log")):
+                text = log.read_text(errors="replace")
+                if "Traceback" in text:
+                    tb = text[text.rindex("Traceback"):].strip().splitlines()
+                    out.note(f"{log.name}: " + " | ".join(tb[-6:])[:1200])
+        shutil.rmtree(prefix, ignore_errors=True)
     return out
 
 
@@ -2106,8 +2197,8 @@ def render_report(outcomes: list[Outcome], started: dt.datetime, wall_s: float, 
         if o.skipped:
             lines += [f"Skipped: {o.skipped}.", ""]
             continue
-        lines.append(f"{o.load}; {o.seconds:.0f} s. Statuses: "
-                     + ", ".join(f"{k} x{v}" for k, v in sorted(o.statuses.items())) + ".")
+        statuses = ", ".join(f"{k} x{v}" for k, v in sorted(o.statuses.items()))
+        lines.append(f"{o.load}; {o.seconds:.0f} s." + (f" Statuses: {statuses}." if statuses else ""))
         lines.append("")
         for n in o.notes:
             lines.append(f"* {n}")
