@@ -10,7 +10,8 @@
 
     python benchmarks/cluster_bench.py [--duration 20] [--concurrency 32] [--out FILE]
 
-Needs nginx (scripts/install-nginx.sh) and Redis; uses Redis db 13 (flushed at start).
+Needs nginx (scripts/install-nginx.sh) and Redis; uses Redis db 10 (flushed at start; no
+other suite uses it).
 The load generator is a minimal keep-alive HTTP/1.1 client on asyncio streams, so that the
 client costs as little CPU as possible on a small machine (it still shares the cores).
 """
@@ -33,7 +34,7 @@ from typing import Any
 
 from chunlian.cluster.launcher import Cluster, ClusterSpec, free_port
 
-REDIS_URL = "redis://127.0.0.1:6379/13"
+REDIS_URL = "redis://127.0.0.1:6379/10"
 ROOT = Path(__file__).resolve().parents[1]
 HIT_UPPER = "春回大地千山秀"
 CLK = os.sysconf("SC_CLK_TCK")
@@ -362,7 +363,7 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="run only these miss configs, e.g. 2x1")
     ap.add_argument("--logs", default=None, help="keep each cluster's logs under this directory")
     ap.add_argument("--out", default=None, help="also write the JSON here")
-    ap.add_argument("--no-flush", action="store_true", help="do not flush Redis db 13 first")
+    ap.add_argument("--no-flush", action="store_true", help="do not flush Redis db 10 first")
     args = ap.parse_args()
 
     import redis

@@ -6,7 +6,8 @@
 #   scripts/reliability.sh                  # the whole run
 #   scripts/reliability.sh --only overload  # some scenarios (the table then holds only those)
 #   scripts/reliability.sh --scale quick    # a few-minute smoke run of the runner itself
-# Loopback only. Uses Redis dbs 11-13 (emptied) and restarts the local Redis twice.
+# Loopback only. Uses Redis dbs 8 and 9 (emptied) and 12 (nothing flushed); restarts the
+# local Redis twice (once with SHUTDOWN SAVE, to restart the broker with its data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh dev

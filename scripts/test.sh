@@ -10,4 +10,7 @@ for s in install-browser.sh install-nginx.sh install-promtool.sh; do
 done
 scripts/ensure-redis.sh
 export CHUNLIAN_TORCH_THREADS=${CHUNLIAN_TORCH_THREADS:-1}
-exec .venv/bin/python -m pytest -q -m "not slow" -p no:cacheprovider "$@"
+# The browser tests run in their own pytest process, after the rest: Playwright's sync API
+# holds an event loop in the main thread, which asyncio tests must not inherit.
+.venv/bin/python -m pytest -q -m "not slow" -p no:cacheprovider --ignore=tests/e2e "$@"
+exec .venv/bin/python -m pytest -q -m "not slow" -p no:cacheprovider tests/e2e "$@"

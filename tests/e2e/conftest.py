@@ -143,9 +143,12 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         shutil.copy(log_path, OUT_DIR / "server.log")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, driven by Playwright (no browser download)."""
+    """Debian's Chromium, headless, driven by Playwright (no browser download).
+
+    Module scope: Playwright's sync API runs an event loop in the main thread while it is
+    open, which would break every asyncio test collected after the e2e module."""
     if not CHROMIUM.exists():
         _unavailable(f"{CHROMIUM} not found: run scripts/install-browser.sh (Debian chromium)")
     try:

@@ -40,6 +40,7 @@ import pytest
 
 from chunlian.cluster.launcher import free_port, worker_command
 from chunlian.cluster.nginx import ClusterError, NginxConfig, fill, render, template_text
+from chunlian.errors import ConfigError
 from tests.integration.live_server import model_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -289,9 +290,9 @@ def test_renderer_refuses_drift_and_bad_parameters(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="does not use"):
         fill("a {{x}} b", {"x": 1, "y": 2})
     assert "{{upstream_servers}}" in template_text()
-    with pytest.raises(ClusterError, match="HOST:PORT"):
+    with pytest.raises(ConfigError, match="HOST:PORT"):
         render(NginxConfig(upstreams=("nohost",), prefix=tmp_path))
-    with pytest.raises(ClusterError, match="at least one"):
+    with pytest.raises(ConfigError, match="at least one"):
         render(NginxConfig(upstreams=(), prefix=tmp_path))
 
 

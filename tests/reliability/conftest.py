@@ -1,8 +1,8 @@
 """Fixtures of the reliability suite (issue 9): real services over loopback, shared by the
 whole session so that each starts once.
 
-* ``main_service``: ``python -m chunlian.api`` in a child process with Redis (db 12, this
-  suite's own) as its only cache, API keys, INFO logs captured to a file, a queue of 32,
+* ``main_service``: ``python -m chunlian.api`` in a child process with Redis (db 12) as
+  its only cache, API keys, INFO logs captured to a file, a queue of 32,
   and Celery jobs without any worker (a fuzzed job is queued, never run).
 * ``held_service``: the real app and engine in this process (uvicorn in a thread) with
   ``max_batch_size=1`` and a ``Hold`` on the engine, so a test can park the engine at a
@@ -46,15 +46,14 @@ def redis_up() -> None:
 
 @pytest.fixture(scope="session")
 def main_service(weights: Path, redis_up: None) -> Iterator[rel.ServiceProcess]:
-    rel.flush_db(rel.SECURITY_REDIS_DB)
-    settings = {**rel.main_service_settings(f"chunlian-rel-{uuid.uuid4().hex[:8]}"), "model_path": weights}
-    svc = rel.ServiceProcess(settings, "ci-main").start()
+    queue = f"chunlian-rel-{uuid.uuid4().hex[:8]}"  # this session's own job queue (no worker reads it)
+    svc = rel.ServiceProcess({**rel.main_service_settings(queue), "model_path": weights}, "ci-main").start()
     try:
         yield svc
     finally:
         svc.cleanup()
         rel.start_redis()  # whatever a test did to it
-        rel.flush_db(rel.SECURITY_REDIS_DB)
+        rel.drop_queue(queue)  # what else this leaves in db 12 expires (cache 1 h, jobs 10 min)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ async def test_fixed_hostile_requests(main_service: rel.ServiceProcess) -> None:
     assert out.statuses["413"] >= 3  # the 10 MB bodies, with and without a length
 
 
-@settings(max_examples=250, deadline=None, database=None,
+@settings(max_examples=200, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 @given(req=rel.hostile_request_strategy())
 def test_hypothesis_text_fields(main_service: rel.ServiceProcess, req: tuple[str, Any, str, str | None]) -> None:

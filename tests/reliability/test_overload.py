@@ -31,7 +31,7 @@ async def test_2000_connections_for_60_s(weights: Path) -> None:
     svc = rel.ServiceProcess({"model_path": weights, "max_queue_size": 32}, "overload").start()
     try:
         out = await rel.overload(svc.url, svc.pid, connections=2000, duration_s=60.0, warmup_s=10.0,
-                                 timeout_ms=5000, strict_latency=True)
+                                 timeout_ms=3000, strict_latency=True)
     finally:
         svc.cleanup()
     assert out.ok, out.summary()

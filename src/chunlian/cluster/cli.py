@@ -26,10 +26,11 @@ def _ports(text: str) -> list[int]:
 
 
 def _print_config(args: argparse.Namespace) -> int:
-    from chunlian.cluster.nginx import ClusterError, NginxConfig, render
+    from chunlian.cluster.nginx import NginxConfig, render
+    from chunlian.errors import ConfigError
 
     if not args.upstream:
-        raise ClusterError("--print-nginx-config needs at least one --upstream HOST:PORT")
+        raise ConfigError("--print-nginx-config needs at least one --upstream HOST:PORT")
     cfg = NginxConfig(
         upstreams=tuple(args.upstream),
         prefix=Path(args.prefix or "/var/lib/chunlian-nginx"),

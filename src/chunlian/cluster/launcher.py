@@ -39,6 +39,7 @@ from chunlian.cluster.nginx import (
     nginx_command,
     write,
 )
+from chunlian.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 WORKER_READY = " ready."  # Celery's log line once a worker consumes ("celery@host ready.")
@@ -137,7 +138,7 @@ def _env_number(env: Mapping[str, str], name: str, cast: Callable[[str], Any]) -
     try:
         return cast(raw)
     except ValueError:
-        raise ClusterError(f"{key}: expected a number, got {raw!r}") from None
+        raise ConfigError(f"{key}: expected a number, got {raw!r}") from None
 
 
 # ---- the spec and the children -------------------------------------------------------------
@@ -165,18 +166,18 @@ class ClusterSpec:
 
     def validate(self) -> None:
         if self.instances < 1:
-            raise ClusterError(f"--instances must be at least 1, got {self.instances}")
+            raise ConfigError(f"--instances must be at least 1, got {self.instances}")
         if self.workers < 0:
-            raise ClusterError(f"--workers must be 0 or more, got {self.workers}")
+            raise ConfigError(f"--workers must be 0 or more, got {self.workers}")
         if not 0 <= self.port < 65536:
-            raise ClusterError(f"--port must be 0-65535, got {self.port}")
+            raise ConfigError(f"--port must be 0-65535, got {self.port}")
         if self.instance_ports and len(self.instance_ports) != self.instances:
-            raise ClusterError(f"give {self.instances} instance ports, got {len(self.instance_ports)}")
+            raise ConfigError(f"give {self.instances} instance ports, got {len(self.instance_ports)}")
         if self.torch_threads is not None and self.torch_threads < 1:
-            raise ClusterError(f"--torch-threads must be at least 1, got {self.torch_threads}")
+            raise ConfigError(f"--torch-threads must be at least 1, got {self.torch_threads}")
         for flag, url in (("--redis-url", self.redis_url), ("--broker-url", self.broker_url)):
             if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
-                raise ClusterError(f"{flag} must be a redis:// URL, got {url!r}")
+                raise ConfigError(f"{flag} must be a redis:// URL, got {url!r}")
 
 
 @dataclass

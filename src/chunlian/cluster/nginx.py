@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from chunlian.errors import ChunlianError
+from chunlian.errors import ChunlianError, ConfigError
 
 TEMPLATE_NAME = "nginx.conf.template"
 CONF_NAME = "nginx.conf"
@@ -76,22 +76,22 @@ class NginxConfig:
         return self.deadline_s + self.deadline_margin_s
 
     def validate(self) -> None:
-        """Raise ``ClusterError`` naming the first bad parameter."""
+        """Raise ``ConfigError`` naming the first bad parameter."""
         if not self.upstreams:
-            raise ClusterError("nginx needs at least one upstream instance")
+            raise ConfigError("nginx needs at least one upstream instance")
         for up in self.upstreams:
             m = _HOST_PORT.match(up)
             if m is None or not 0 < int(m.group(2)) < 65536:
-                raise ClusterError(f"upstream must be HOST:PORT, got {up!r}")
+                raise ConfigError(f"upstream must be HOST:PORT, got {up!r}")
         listen = self.listen
         if not (listen.isdigit() or _HOST_PORT.match(listen)):
-            raise ClusterError(f"listen must be PORT or HOST:PORT, got {listen!r}")
+            raise ConfigError(f"listen must be PORT or HOST:PORT, got {listen!r}")
         if self.deadline_s <= 0 or self.deadline_margin_s <= 0:
-            raise ClusterError("deadline_s and deadline_margin_s must be positive")
+            raise ConfigError("deadline_s and deadline_margin_s must be positive")
         if self.body_limit_bytes < 1024:
-            raise ClusterError(f"body_limit_bytes must be at least 1024, got {self.body_limit_bytes}")
+            raise ConfigError(f"body_limit_bytes must be at least 1024, got {self.body_limit_bytes}")
         if not re.fullmatch(r"auto|[1-9][0-9]*", str(self.worker_processes)):
-            raise ClusterError(f"worker_processes must be 'auto' or a positive number, got {self.worker_processes!r}")
+            raise ConfigError(f"worker_processes must be 'auto' or a positive number, got {self.worker_processes!r}")
 
 
 def template_text() -> str:
