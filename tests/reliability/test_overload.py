@@ -30,7 +30,7 @@ async def test_short_overload_burst(main_service: rel.ServiceProcess) -> None:
 async def test_2000_connections_for_60_s(weights: Path) -> None:
     svc = rel.ServiceProcess({"model_path": weights, "max_queue_size": 32}, "overload").start()
     try:
-        out = await rel.overload(svc.url, svc.pid, connections=2000, duration_s=60.0, warmup_s=10.0,
+        out = await rel.overload(svc.url, svc.pid, connections=2000, duration_s=60.0, warmup_s=20.0,
                                  timeout_ms=3000, strict_latency=True)
     finally:
         svc.cleanup()

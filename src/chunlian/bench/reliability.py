@@ -692,6 +692,7 @@ async def overload(
     transport: Counter[str] = Counter()
     rss: dict[str, int | None] = {}
     peak = [0]
+    timeline: list[int] = []  # RSS every 10 s after the warm-up
     retry_after_seen: Counter[str] = Counter()
 
     def body() -> bytes:
@@ -764,10 +765,14 @@ async def overload(
             return
         await asyncio.sleep(max(0.0, warm_end - time.monotonic()))
         rss["start_kb"] = rss_kb(pid)
+        next_mark = time.monotonic()
         while time.monotonic() < end:
             v = rss_kb(pid)
             if v:
                 peak[0] = max(peak[0], v)
+                if time.monotonic() >= next_mark:
+                    timeline.append(v)
+                    next_mark += 10.0
             await asyncio.sleep(0.5)
 
     lags: list[float] = []
@@ -857,7 +862,8 @@ async def overload(
             growth = (end_kb - start_kb) / start_kb
             out.extra["rss_growth"] = round(growth, 4)
             out.note(f"RSS {start_kb / 1024:.0f} MiB after warm-up -> {end_kb / 1024:.0f} MiB at the end "
-                     f"({growth:+.1%}; peak {peak[0] / 1024:.0f} MiB)")
+                     f"({growth:+.1%}; peak {peak[0] / 1024:.0f} MiB; every 10 s: "
+                     + ", ".join(f"{v / 1024:.0f}" for v in timeline) + " MiB)")
             if growth >= rss_growth_limit:
                 out.problem(f"RSS grew {growth:.1%} (limit {rss_growth_limit:.0%}): {rss}")
     out.note(f"429 {out.statuses['429']}, 504 {out.statuses['504']}, engine completed "
@@ -2268,7 +2274,7 @@ def render_report(outcomes: list[Outcome], started: dt.datetime, wall_s: float, 
 
 SCALES: dict[str, dict[str, Any]] = {
     "long": {
-        "overload": {"connections": 2000, "duration_s": 60.0, "warmup_s": 10.0, "timeout_ms": 3000},
+        "overload": {"connections": 2000, "duration_s": 60.0, "warmup_s": 20.0, "timeout_ms": 3000},
         "redis": {"clients": 16, "before_s": 10.0, "outage_s": 10.0, "after_s": 10.0},
         "client": {"queued": 16, "slow": 200, "normal": 40},
         "bad": {"hypothesis_examples": 500, "schemathesis_examples": 150, "schemathesis_time_s": 240.0},
