@@ -2292,13 +2292,29 @@ SCALES: dict[str, dict[str, Any]] = {
 }
 
 
+class _Outcomes(list[Outcome]):
+    """The outcomes so far; ``on_change`` runs after each one is added (the report is
+    rewritten after every scenario, so an interrupted run still leaves its table)."""
+
+    def __init__(self, on_change: Callable[[list[Outcome]], None] | None) -> None:
+        super().__init__()
+        self.on_change = on_change
+
+    def append(self, o: Outcome) -> None:
+        super().append(o)
+        if self.on_change is not None:
+            self.on_change(list(self))
+
+
+
 async def run_all(scale: str = "long", budget_s: float = TOTAL_BUDGET_S, only: Sequence[str] = (),
-                  model_path: str | None = None, say: Callable[[str], None] = print) -> tuple[list[Outcome], str]:
+                  model_path: str | None = None, say: Callable[[str], None] = print,
+                  on_change: Callable[[list[Outcome]], None] | None = None) -> tuple[list[Outcome], str]:
     """Every scenario at ``scale`` within ``budget_s`` (a scenario that would start with too
     little time left is reported as not run). Returns the outcomes and the model tag."""
     cfg = SCALES[scale]
     t_end = time.monotonic() + budget_s
-    outcomes: list[Outcome] = []
+    outcomes: list[Outcome] = _Outcomes(on_change)
     model = "unknown"
     want = set(only) or {"security", "bad", "client", "overload", "redis", "cluster", "jobs"}
     base: dict[str, object] = {"model_path": model_path} if model_path else {}
@@ -2373,11 +2389,15 @@ async def run_all(scale: str = "long", budget_s: float = TOTAL_BUDGET_S, only: S
     if "jobs" in want and not not_run("3. worker faults", 150):
         say("3. worker faults")
         limit = max(60.0, (left() - 60) / 2)
-        outcomes += await asyncio.to_thread(lambda: worker_fault(items=cfg["jobs"]["items"], job_limit_s=limit,
-                                                                 model_path=model_path))
+        for o3 in await asyncio.to_thread(lambda: worker_fault(items=cfg["jobs"]["items"], job_limit_s=limit,
+                                                                 model_path=model_path)):
+            outcomes.append(o3)
+    return sort_outcomes(outcomes), model
+
+
+def sort_outcomes(outcomes: list[Outcome]) -> list[Outcome]:
     order = {n: i for i, n in enumerate(["1.", "2.", "3a", "3b", "3.", "4.", "5.", "6.", "7."])}
-    outcomes.sort(key=lambda o: next((v for k, v in order.items() if o.scenario.startswith(k)), 99))
-    return outcomes, model
+    return sorted(outcomes, key=lambda o: next((v for k, v in order.items() if o.scenario.startswith(k)), 99))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -2392,8 +2412,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
     only = [s.strip() for s in args.only.split(",") if s.strip()]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def partial(done: list[Outcome]) -> None:  # an interrupted run still leaves its table
+        text = render_report(sort_outcomes(done), started, time.monotonic() - t0, "see the final run", args.scale)
+        args.out.write_text(text.replace("\n| scenario |", "\n**This run did not finish: the table holds "
+                                         "the scenarios done so far.**\n\n| scenario |", 1) + "\n", encoding="utf-8")
+
+    def on_term(signum: int, frame: Any) -> None:  # finally blocks run: Redis restarted, children stopped
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
     outcomes, model = asyncio.run(run_all(args.scale, args.budget_s, only, args.model_path,
-                                          say=lambda m: print(f"[{time.monotonic() - t0:5.0f} s] {m}", flush=True)))
+                                          say=lambda m: print(f"[{time.monotonic() - t0:5.0f} s] {m}", flush=True),
+                                          on_change=partial))
     report = render_report(outcomes, started, time.monotonic() - t0, model, args.scale)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report + "\n", encoding="utf-8")
