@@ -161,6 +161,10 @@ def test_proc_cpu_seconds() -> None:
     v = proc_cpu_seconds(os.getpid())
     assert v is not None and v > 0
     assert proc_cpu_seconds(2**22 + 12345) is None
+    from chunlian.bench.loadgen import host_cpu_seconds
+
+    host = host_cpu_seconds()
+    assert host is not None and host >= v
 
 
 # ---- reports ----------------------------------------------------------------------------------

@@ -59,9 +59,13 @@ def build_table(runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         row("p99 latency (ms), misses only", "p99_ms", bo, co, inverse=True),
         row("server CPU utilisation, mixed", "server_cpu_util", bm, cm),
         row("requests per server CPU-second, mixed", "requests_per_cpu_s", bm, cm),
+        row("server CPU utilisation, misses only", "server_cpu_util", bo, co),
+        row("requests per server CPU-second, misses only", "requests_per_cpu_s", bo, co),
         row("cache hit ratio (/metrics), mixed", "cache_hit_ratio", bm, cm),
         row("mean engine batch size, mixed", "mean_batch_size", bm, cm),
         row("error rate, mixed", "error_rate", bm, cm, ratio=False),
+        row("other processes' CPU (cores), mixed", "host_other_cores", bm, cm, ratio=False),
+        row("other processes' CPU (cores), misses only", "host_other_cores", bo, co, ratio=False),
     ]
 
 

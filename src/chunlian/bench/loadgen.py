@@ -230,6 +230,16 @@ def proc_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime: fields 14 and 15
 
 
+def host_cpu_seconds() -> float | None:
+    """CPU seconds the whole host has been busy (all CPUs, /proc/stat); None elsewhere."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 # ---- the run ----------------------------------------------------------------------------------
 
 
@@ -258,6 +268,7 @@ class LoadResult:
     server: dict[str, Any] | None = None
     samples: list[dict[str, float]] = field(default_factory=list)
     server_cpu_s: float | None = None
+    host_cpu_s: float | None = None
     client_cpu_s: float = 0.0
     warmup_requests: int = 0
     client_kind: str = "httpx"
@@ -317,6 +328,11 @@ class LoadResult:
             out["server_cpu_cores"] = round(self.server_cpu_s / w, 2)
             out["server_cpu_util"] = round(self.server_cpu_s / w / cores, 3)
             out["requests_per_cpu_s"] = round(len(ok) / self.server_cpu_s, 1) if self.server_cpu_s > 0 else None
+        if self.host_cpu_s is not None:
+            # how busy the host was, and how much of that was neither the server nor this client
+            out["host_busy_cores"] = round(self.host_cpu_s / w, 2)
+            out["host_other_cores"] = round(max(0.0, (self.host_cpu_s - (self.server_cpu_s or 0.0)
+                                                      - self.client_cpu_s) / w), 2)
         out["host_cpus"] = cores
         return out
 
@@ -537,6 +553,7 @@ async def _measure(
         res.warmup_requests = await _warmup(posters, plan.lines, warmup_s)
     before = await _scrape(client)
     cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
+    host0 = host_cpu_seconds()
     ccpu0 = time.process_time()
     bar = _Progress(progress, duration_s, label)
     t0 = time.perf_counter()
@@ -597,6 +614,9 @@ async def _measure(
     res.unfinished += len(records) - len(kept)
     res.records = kept
     res.client_cpu_s = time.process_time() - ccpu0
+    host1 = host_cpu_seconds()
+    if host0 is not None and host1 is not None:
+        res.host_cpu_s = host1 - host0
     if server_pid:
         cpu1 = proc_cpu_seconds(server_pid)
         if cpu0 is not None and cpu1 is not None:
@@ -634,6 +654,8 @@ def format_report(rep: dict[str, Any]) -> str:
     ]
     if "server_cpu_cores" in rep:
         rows.append(("server CPU", f'{rep["server_cpu_cores"]} cores ({rep["server_cpu_util"]:.0%} of {rep["host_cpus"]})'))
+    if "host_busy_cores" in rep:
+        rows.append(("host CPU busy (others)", f'{rep["host_busy_cores"]} cores ({rep["host_other_cores"]} by other processes)'))
     if "gpu_utilization_mean" in rep:
         rows.append(("GPU utilisation", rep["gpu_utilization_mean"]))
     return "\n".join(f"{k:28s} {v}" for k, v in rows)
