@@ -429,6 +429,8 @@ def main() -> None:
                     help="before each measurement, wait up to this long for other work on the machine to stop")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    # a SIGTERM must still stop the servers and workers this run started (finally blocks)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     global QUIET_S
     QUIET_S = args.wait_quiet
     skip = set(args.skip.split(","))

@@ -344,6 +344,73 @@ def test_cancel_stops_pending_items(api: httpx.Client, rds: redis.Redis, weights
     assert again.status_code == 200 and again.json()["status"] == "done"
 
 
+def _private_redis(port: int, data_dir: Path) -> None:
+    subprocess.run(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--daemonize", "yes",
+                    "--save", "", "--appendonly", "no", "--dir", str(data_dir),
+                    "--logfile", str(data_dir / "redis.log")], check=True, capture_output=True, timeout=30)
+
+    def up() -> bool:
+        try:
+            return bool(redis.Redis(port=port, socket_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+    wait_until(up, 30, "the private Redis")
+
+
+def test_broker_restarted_mid_job_every_item_exactly_once(
+    make_api: Callable[..., str], weights: Path, log_dir: Path, tmp_path: Path
+) -> None:
+    """A private Redis (its own port: the shared one is not touched) restarted with its data
+    (SHUTDOWN SAVE) while a worker holds a chunk: the job still completes, each item once.
+    (The in-flight chunk's message can be lost in the restart; the API sends a chunk again
+    once it has been marked running for longer than the hard limit + 30 s.)"""
+    port = free_socket_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    _private_redis(port, tmp_path)
+    private = redis.Redis(port=port, decode_responses=True)
+    gate = f"{QUEUE}:restart-gate"
+    limits = {"CHUNLIAN_JOB_SOFT_TIME_LIMIT_S": "8", "CHUNLIAN_JOB_HARD_TIME_LIMIT_S": "10",
+              "CHUNLIAN_JOB_VISIBILITY_TIMEOUT_S": "20"}
+    worker = Worker(weights, log_dir, CHUNLIAN_BROKER_URL=url, CHUNLIAN_TEST_GATE=gate, **limits)
+    try:
+        base = make_api(broker_url=url, job_soft_time_limit_s=8, job_hard_time_limit_s=10,
+                        job_visibility_timeout_s=20)
+        with httpx.Client(base_url=base, timeout=60) as client:
+            lines = uppers(150)
+            private.set(gate, "1")
+            job_id = submit(client, [{"upper": u} for u in lines])
+            worker.start()
+            wait_until(lambda: job(client, job_id)["progress"]["done"] >= 10, 300, "the first sub-batch")
+            private.delete(gate)
+            private.shutdown(save=True)  # the worker is mid-chunk
+            _private_redis(port, tmp_path)
+
+            def done() -> dict[str, Any] | None:
+                try:
+                    return finished(client, job_id)
+                except AssertionError:  # 503 while the broker is coming back
+                    return None
+
+            body = wait_until(done, 300, "the job after the broker restart", every_s=1.0)
+            results = all_results(client, job_id, 150)
+    finally:
+        worker.stop()
+        with contextlib.suppress(redis.RedisError):
+            private.shutdown(nosave=True)
+    assert body["progress"] == {"done": 150, "failed": 0, "cancelled": 0, "total": 150}
+    assert [r["index"] for r in results] == list(range(150))
+    assert [r["upper"] for r in results] == lines
+
+
+def free_socket_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_worker_on_an_instance_engine_over_http(rds: redis.Redis, weights: Path, log_dir: Path) -> None:
     """``chunlian worker --engine-url``: no model in the worker, items go to the instance's
     engine at bulk priority (here the instance's engine is the fake one: its tag proves it)."""

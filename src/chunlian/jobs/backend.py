@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -22,6 +23,8 @@ from chunlian.jobs.store import JobState, RedisJobStore
 
 log = logging.getLogger("chunlian.jobs")
 T = TypeVar("T")
+SWEEP_EVERY_S = 5.0  # per job, when polled
+STALL_MARGIN_S = 30.0  # beyond the hard time limit: a chunk running this long has lost its worker
 
 
 class JobsBackend(Protocol):
@@ -52,6 +55,7 @@ class CeleryJobs:
         self.settings = settings
         self.celery = make_celery(settings)
         self.store = RedisJobStore(settings.broker_url, settings.job_result_ttl_s)
+        self._swept: dict[str, float] = {}
 
     def _submit(self, specs: list[Spec]) -> str:
         from chunlian.jobs.celery_app import TASK_NAME
@@ -59,6 +63,7 @@ class CeleryJobs:
         job_id = uuid.uuid4().hex
         self.store.create(job_id, len(specs))
         parts = chunks(specs, self.settings.job_chunk_size)
+        self.store.save_chunks(job_id, parts)
         sent = 0
         try:
             with self.celery.producer_or_acquire() as producer:
@@ -90,8 +95,40 @@ class CeleryJobs:
     async def submit(self, specs: list[Spec]) -> str:
         return await self._call(self._submit, specs)
 
+    def _state(self, job_id: str) -> JobState | None:
+        st = self.store.state(job_id)
+        if st is not None and not st.finished and not st.cancel_requested:
+            self.resend_stalled(job_id)
+        return st
+
+    def resend_stalled(self, job_id: str) -> int:
+        """Send again every chunk marked running for longer than the hard time limit plus a
+        margin that still has items without a result: its worker died, or its message was
+        lost (a broker restart can lose the message of the chunk in flight). At most once
+        per ``SWEEP_EVERY_S`` per job; a chunk that runs twice counts each item once."""
+        from chunlian.jobs.celery_app import TASK_NAME
+
+        now = time.monotonic()
+        if now - self._swept.get(job_id, -1e9) < SWEEP_EVERY_S:
+            return 0
+        self._swept[job_id] = now
+        if len(self._swept) > 10_000:
+            self._swept.clear()
+        stale_after = self.settings.job_hard_time_limit_s + STALL_MARGIN_S
+        sent = 0
+        for part in self.store.claim_stalled_chunks(job_id, stale_after):
+            indices = [int(i) for i, _ in part]
+            if not self.store.missing(job_id, indices):
+                self.store.chunk_left(job_id, indices[0], finished=True)
+                continue
+            self.celery.send_task(TASK_NAME, args=[job_id, part], queue=self.settings.job_queue)
+            sent += 1
+            log.warning("job %s: chunk %d ran for over %.0f s without finishing (worker or message "
+                        "lost); sent again", job_id, indices[0], stale_after)
+        return sent
+
     async def state(self, job_id: str) -> JobState | None:
-        return await self._call(self.store.state, job_id)
+        return await self._call(self._state, job_id)
 
     async def results(self, job_id: str, offset: int, limit: int) -> list[dict[str, Any]]:
         return await self._call(self.store.results, job_id, offset, limit)

@@ -310,9 +310,28 @@ return out
 """
 
 
+_CLAIM = """
+-- KEYS: running; ARGV: chunk, stale-before, now. Claim a chunk marked running since before
+-- ``stale-before`` (one sweeper wins; the mark moves to now).
+local t = redis.call('HGET', KEYS[1], ARGV[1])
+if t and tonumber(t) < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+  return 1
+end
+return 0
+"""
+
+
 def job_keys(job_id: str) -> tuple[str, str, str]:
     base = f"chunlian:job:{{{job_id}}}"
     return f"{base}:meta", f"{base}:results", f"{base}:tries"
+
+
+def chunk_keys(job_id: str) -> tuple[str, str]:
+    """Celery mode: the chunks' items (chunk id: its first item index -> ``[[index, spec],
+    ...]``) and the chunks running now (chunk id -> since when)."""
+    base = f"chunlian:job:{{{job_id}}}"
+    return f"{base}:chunks", f"{base}:running"
 
 
 def _dumps(obj: Any) -> str:
@@ -333,6 +352,7 @@ class RedisJobStore:
         self._record = self.r.register_script(_RECORD)
         self._cancel = self.r.register_script(_CANCEL)
         self._begin = self.r.register_script(_BEGIN)
+        self._claim = self.r.register_script(_CLAIM)
 
     def create(self, job_id: str, total: int) -> None:
         meta, results, tries = job_keys(job_id)
@@ -411,8 +431,49 @@ class RedisJobStore:
         return [{"index": i, **(json.loads(v) if v is not None else {"status": PENDING})}
                 for i, v in zip(idx, raw, strict=True)]
 
+    # ---- Celery mode: chunk bookkeeping, so that a chunk whose message was lost is sent again --
+    def save_chunks(self, job_id: str, parts: Sequence[Sequence[Sequence[Any]]]) -> None:
+        chunks, _ = chunk_keys(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        for k in range(0, len(parts), 200):
+            pipe.hset(chunks, mapping={str(p[0][0]): _dumps(p) for p in parts[k:k + 200]})
+        pipe.expire(chunks, self.ttl_s)
+        pipe.execute()
+
+    def chunk_running(self, job_id: str, chunk: int) -> None:
+        """A worker has begun the chunk (and holds its message)."""
+        _, running = chunk_keys(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(running, str(chunk), repr(time.time()))
+        pipe.expire(running, self.ttl_s)
+        pipe.execute()
+
+    def chunk_left(self, job_id: str, chunk: int, finished: bool) -> None:
+        """The worker let go of the chunk: done with it (``finished``), or a retry message
+        holds it now."""
+        chunks, running = chunk_keys(job_id)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hdel(running, str(chunk))
+        if finished:
+            pipe.hdel(chunks, str(chunk))
+        pipe.execute()
+
+    def claim_stalled_chunks(self, job_id: str, older_than_s: float) -> list[list[list[Any]]]:
+        """Chunks marked running for longer than ``older_than_s`` (their worker, or their
+        message, is gone), claimed by this caller, with their items."""
+        chunks, running = chunk_keys(job_id)
+        now = time.time()
+        stale = [c for c, t in self.r.hgetall(running).items() if float(t) < now - older_than_s]
+        out: list[list[list[Any]]] = []
+        for c in stale:
+            if int(self._claim(keys=[running], args=[c, repr(now - older_than_s), repr(now)])):
+                raw = self.r.hget(chunks, c)
+                if raw is not None:
+                    out.append(json.loads(raw))
+        return out
+
     def delete(self, job_id: str) -> None:
-        self.r.delete(*job_keys(job_id))
+        self.r.delete(*job_keys(job_id), *chunk_keys(job_id))
 
     def close(self) -> None:
         self.r.close()

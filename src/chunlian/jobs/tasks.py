@@ -9,6 +9,11 @@ exponential backoff (``2^n`` s: 1, 2; no jitter), 3 tries in all; on the last tr
 items still failing are recorded as failed. ``on_failure`` runs whenever the task fails
 for good, including in the worker's main process after the hard time limit killed the
 pool process: it fails the chunk's unfinished items, so no item is left pending for ever.
+
+Each chunk is marked running in the store while a worker holds it. A mark older than the
+hard time limit (plus a margin) means its worker, or its message, was lost (a broker
+restart can lose the message of the chunk in flight): ``CeleryJobs`` sends such a chunk
+again when the job is polled (``backend.CeleryJobs.resend_stalled``).
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ class ChunkTask(Task):  # type: ignore[misc]
         else:
             code, message = "internal", f"the task failed: {type(exc).__name__}"
         n = fail_remaining(job_id, indices, store(), code, message)
+        if indices:
+            store().chunk_left(job_id, indices[0], finished=True)
         log.error("job %s: chunk task %s failed (%s); %d items failed", job_id, task_id, code, n)
 
 
@@ -96,7 +103,14 @@ class ChunkTask(Task):  # type: ignore[misc]
 )
 def run_chunk(self: Task, job_id: str, items: list[list[Any]]) -> dict[str, int]:
     final = self.request.retries >= (self.max_retries or 0)
-    report = process_chunk(job_id, [(int(i), s) for i, s in items], store(), executor,
-                           final_attempt=final)
+    st, chunk = store(), int(items[0][0])
+    st.chunk_running(job_id, chunk)  # cleared below; left set only if this process dies
+    try:
+        report = process_chunk(job_id, [(int(i), s) for i, s in items], st, executor,
+                               final_attempt=final)
+    except RetryChunk:
+        st.chunk_left(job_id, chunk, finished=False)  # the retry's message holds it now
+        raise
+    st.chunk_left(job_id, chunk, finished=True)
     return {"done": report.done, "failed": report.failed, "cancelled": report.cancelled,
             "skipped": report.skipped}

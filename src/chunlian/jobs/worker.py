@@ -215,8 +215,8 @@ def _run_isolated(executor: Executor, items: Sequence[tuple[int, Spec]]) -> list
         if len(items) == 1:
             log.warning("item failed: %s: %s", type(e).__name__, e)
             return [Transient(f"{type(e).__name__}: {e}")]
-        log.warning("sub-batch of %d failed (%s); running its items one at a time",
-                    len(items), type(e).__name__)
+        log.warning("sub-batch of %d failed (%s: %s); running its items one at a time",
+                    len(items), type(e).__name__, e, exc_info=log.isEnabledFor(logging.DEBUG))
     return [_run_isolated(executor, [it])[0] for it in items]
 
 
