@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     max_queue_size: int = Field(1024, ge=1, le=1_000_000)
     default_timeout_ms: int = Field(10_000, ge=10, le=600_000)
     bulk_min_share: float = Field(0.125, ge=0.0, le=1.0)  # slots bulk gets even under interactive load
+    # while a batch runs, newcomers are admitted once this many can join together (or all
+    # that wait): a prefill costs a whole forward pass, so one per step would halve decoding.
+    # 0 = auto (max_batch_size // 8, at least 1); 1 = admit at every step.
+    min_prefill_seqs: int = Field(0, ge=0, le=4096)
 
     cache_size: int = Field(100_000, ge=0)
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=1)

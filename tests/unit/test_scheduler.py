@@ -147,3 +147,30 @@ def test_queue_bound_and_oversized_requests() -> None:
         s.add(req(3))
     with pytest.raises(ValueError, match="slots"):
         sched().add(req(4, n=5))
+
+
+def test_newcomers_join_a_running_batch_in_groups() -> None:
+    """With a batch running, newcomers wait until ``min_prefill_seqs`` of them fit (or all
+    that wait do): one prefill forward for the group instead of one per step."""
+    s = sched(max_batch_size=8, max_wait_ms=0.0, min_prefill_seqs=3)
+    for i in range(8):
+        s.add(req(i))
+    assert s.plan(0.0).prefill == list(range(8))
+    for i in range(8, 12):
+        s.add(req(i))
+    assert s.on_seqs_finished(0, 1) and s.on_seqs_finished(1, 1)
+    p = s.plan(0.1)
+    assert p.prefill == [] and p.decode  # 2 free slots < group of 3: decode only
+    assert s.on_seqs_finished(2, 1)
+    assert s.plan(0.2).prefill == [8, 9, 10]  # 3 free: the group joins together
+    assert s.on_seqs_finished(3, 1)
+    assert s.plan(0.3).prefill == [11]  # fewer waiting than the group: all of them join
+
+
+def test_prefill_group_defaults_to_an_eighth_of_the_batch() -> None:
+    assert SchedulerConfig(max_batch_size=64).prefill_group == 8
+    assert SchedulerConfig(max_batch_size=4).prefill_group == 1
+    assert SchedulerConfig(max_batch_size=64, min_prefill_seqs=1).prefill_group == 1
+    assert SchedulerConfig(max_batch_size=4, min_prefill_seqs=100).prefill_group == 4
+    with pytest.raises(ValueError, match="min_prefill_seqs"):
+        SchedulerConfig(min_prefill_seqs=-1)

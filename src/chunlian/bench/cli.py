@@ -22,6 +22,18 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def _service(args: argparse.Namespace) -> int:
+    from chunlian.bench.service import format_report, run_service_bench
+
+    report = run_service_bench(duration_s=args.duration, hit_concurrency=args.hit_concurrency,
+                               miss_concurrency=args.miss_concurrency,
+                               max_batch_size=args.max_batch_size, progress=not args.json)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(report, ensure_ascii=False) if args.json else format_report(report))
+    return 0
+
+
 def register(sub: Any) -> None:
     bench = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
@@ -35,8 +47,16 @@ def register(sub: Any) -> None:
     e.add_argument("--threads", type=int, default=2)
     e.add_argument("--sweep", default="", help="also a table by max_batch_size, e.g. 1,8,32,128")
     e.set_defaults(fn=_engine)
-    import importlib.util
+    v = bsub.add_parser("service", help="cache hits vs a bare FastAPI endpoint; misses vs the engine's peak")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--duration", type=float, default=15.0, help="seconds per HTTP phase (default 15)")
+    v.add_argument("--hit-concurrency", type=int, default=64)
+    v.add_argument("--miss-concurrency", type=int, default=64)
+    v.add_argument("--max-batch-size", type=int, default=64)
+    v.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
+    v.set_defaults(fn=_service)
+    import importlib
 
-    # HTTP load tools (bench/http.py) register their own sub-commands when present
-    if importlib.util.find_spec("chunlian.bench.http") is not None:
-        importlib.import_module("chunlian.bench.http").register(bsub)
+    # HTTP load tools and the reliability runner register their own sub-commands
+    for name in ("chunlian.bench.http", "chunlian.bench.reliability"):
+        importlib.import_module(name).register(bsub)

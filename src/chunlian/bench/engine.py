@@ -38,6 +38,15 @@ def percentile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
+def mixed_lines(requests: int) -> list[str]:
+    """The fixed mix: the sample lines, then longer two-clause lines built from them."""
+    pool = sample_uppers()
+    mix = (pool * (requests // len(pool) + 1))[:requests]
+    # distinct requests: repeated lines would be coalesced and flatter the figures
+    mix = [u if i < len(pool) else u + "，" + pool[(i * 7) % len(pool)][:5] for i, u in enumerate(mix)]
+    return [u[:32].rstrip("，") for u in mix]
+
+
 async def _drive(loaded: LoadedModel, uppers: list[str], batch: int, mode: str, hengpi: Any) -> dict[str, float]:
     settings = load_settings(max_batch_size=batch, batching=mode, max_wait_ms=0,
                              max_queue_size=max(len(uppers), 1), default_timeout_ms=600_000)
@@ -77,11 +86,7 @@ def run(
     torch.set_num_threads(threads)
     loaded = load_weights(model_path, device)
     hengpi = HengpiSelector.from_loaded(loaded)
-    pool = sample_uppers()
-    mix = (pool * (requests // len(pool) + 1))[:requests]
-    # distinct requests: repeated lines would be coalesced and flatter the figures
-    mix = [u if i < len(pool) else u + "，" + pool[(i * 7) % len(pool)][:5] for i, u in enumerate(mix)]
-    mix = [u[:32].rstrip("，") for u in mix]
+    mix = mixed_lines(requests)
     seq_mix = mix[:sequential_requests]
 
     asyncio.run(_drive(loaded, mix[:16], min(16, max_batch_size), "continuous", hengpi))  # warm-up
@@ -115,3 +120,19 @@ def run(
                           "requests": n})
         report["sweep"] = table
     return report
+
+
+def peak(model_path: str | None, max_batch_size: int, requests: int, threads: int) -> dict[str, float]:
+    """Continuous batching only, all ``requests`` submitted at once (the engine's peak)."""
+    import torch
+
+    from chunlian.model.hengpi import HengpiSelector
+
+    torch.set_num_threads(threads)
+    loaded = load_weights(Path(model_path) if model_path else None, "cpu")
+    hengpi = HengpiSelector.from_loaded(loaded)
+    mix = mixed_lines(requests)
+    asyncio.run(_drive(loaded, mix[:16], min(16, max_batch_size), "continuous", hengpi))  # warm-up
+    r = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi))
+    return {"seq_per_s": round(r["seq_per_s"], 1), "p50_ms": round(r["p50_ms"], 1),
+            "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix)}

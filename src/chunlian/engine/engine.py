@@ -108,7 +108,7 @@ class Engine:
         self.scheduler = Scheduler(SchedulerConfig(
             max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
             max_queue_size=settings.max_queue_size, batching=settings.batching,
-            bulk_min_share=settings.bulk_min_share,
+            bulk_min_share=settings.bulk_min_share, min_prefill_seqs=settings.min_prefill_seqs,
         ))
         self.stats = EngineStats(max_queue_size=settings.max_queue_size)
         self._cv = threading.Condition()

@@ -21,15 +21,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from chunlian.data.blocklist import Blocklist
+from chunlian.data.blocklist import Blocklist, default_blocklist
 from chunlian.engine.request import SeqOutput, SeqSpec
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.decoding import Constrainer, LineState
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.model.transformer import KVCache
 
-BLOCKLIST_PATH = Path(__file__).resolve().parent.parent / "resources" / "blocklist.txt"
 DEFAULT_TONE_BIAS = 2.0
+MAX_BATCHED_TOP_K = 1024  # rows sampling with a larger (or no) top-k take the per-row path
 
 
 @dataclass
@@ -64,7 +64,7 @@ class ModelRunner:
         self.capacity = capacity
         self.cfg = self.model.cfg
         self.cache = KVCache(self.cfg, capacity, self.device, torch.float32)
-        self.blocklist = blocklist or Blocklist.from_file(BLOCKLIST_PATH)
+        self.blocklist = blocklist or default_blocklist()  # shared: its indexes are built once
         self.constrainer = Constrainer(self.tok, self.blocklist, self.device)
         self.tone_bias = tone_bias
         self.rows: list[_Row] = []
@@ -185,8 +185,13 @@ class ModelRunner:
         sampled = [b for b, r in enumerate(rows) if r.gen is not None and forced[b] is None]
         if sampled:
             choice = choice.clone()
+            batched = [b for b in sampled if 0 < rows[b].spec.top_k <= MAX_BATCHED_TOP_K]
+            if batched:
+                sel = torch.tensor(batched, device=logits.device)
+                choice[sel] = self._sample_top_k(logits[sel], [rows[b] for b in batched])
             for b in sampled:
-                choice[b] = self._sample(logits[b], rows[b])
+                if b not in batched:
+                    choice[b] = self._sample(logits[b], rows[b])
         chosen_lp = logp.gather(1, choice[:, None])[:, 0].tolist()
         choice_l = choice.tolist()
         finished: list[SeqOutput] = []
@@ -219,6 +224,33 @@ class ModelRunner:
             )
             self._remove_row(i)
         return finished
+
+    def _sample_top_k(self, logits: Tensor, rows: list[_Row]) -> Tensor:
+        """Top-k, then top-p, sampling for several rows at once (``[S, V]`` -> ``[S]`` ids).
+
+        One ``topk`` over the batch instead of a few ops per row; each row's draw is one
+        uniform number from its own generator (inverse CDF), so a request's output depends
+        on its seed only, never on its batch companions.
+        """
+        k_max = max(r.spec.top_k for r in rows)
+        temps = torch.tensor([max(r.spec.temperature, 1e-4) for r in rows], device=logits.device)
+        vals, ids = torch.topk(logits / temps[:, None], min(k_max, logits.shape[1]), dim=-1)  # [S, K]
+        K = vals.shape[1]
+        rank = torch.arange(K, device=logits.device)[None, :]
+        k_row = torch.tensor([r.spec.top_k for r in rows], device=logits.device)[:, None]
+        vals = vals.masked_fill(rank >= k_row, float("-inf"))
+        probs = torch.softmax(vals, dim=-1)  # sorted, descending
+        top_p = torch.tensor([r.spec.top_p for r in rows], device=logits.device)[:, None]
+        vals = vals.masked_fill(probs.cumsum(dim=-1) - probs > top_p, float("-inf"))  # keeps rank 0
+        cdf = torch.softmax(vals, dim=-1).cumsum(dim=-1).cpu()  # [S, K]
+        u = torch.cat([torch.rand(1, generator=r.gen) for r in rows])[:, None] * cdf[:, -1:]
+        pick = torch.searchsorted(cdf, u).clamp_(max=K - 1).to(logits.device)  # [S, 1]
+        out = ids.gather(1, pick)[:, 0]
+        # a row with no finite choice (cannot happen with the rules' fallback) keeps its argmax
+        bad = ~torch.isfinite(vals[:, 0])
+        if bool(bad.any()):
+            out[bad] = logits[bad].argmax(dim=-1)
+        return out
 
     def _sample(self, logits: Tensor, row: _Row) -> int:
         s = row.spec

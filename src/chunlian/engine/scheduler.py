@@ -10,6 +10,11 @@ Admission rules
     ``max_wait_ms`` for companions; a full batch's worth of waiting sequences starts at once.
   * Continuous mode: waiting requests join the running batch at the next step; finished
     sequences leave at once. Static mode: nothing joins until the running batch is empty.
+  * Prefill grouping (continuous mode, a batch running): newcomers join once
+    ``min_prefill_seqs`` of them fit in the free slots together, or all that wait do. A
+    prefill is a forward pass of its own; admitting one sequence per step would pay it at
+    every step (on this CPU a small forward costs about as much as a full decode step).
+    A newcomer waits at most a few decode steps for this.
   * Deadlines count queue time: a waiting request whose deadline passed is dropped before it
     reaches the model (``expired``); a running one is released (``release``).
   * Cancellation: a cancelled waiting request is dropped; a running one frees its slots.
@@ -64,12 +69,20 @@ class SchedulerConfig:
     max_queue_size: int = 1024
     batching: BatchingMode = "continuous"
     bulk_min_share: float = 0.125
+    min_prefill_seqs: int = 0  # 0 = auto: max(1, max_batch_size // 8)
+
+    @property
+    def prefill_group(self) -> int:
+        auto = max(1, self.max_batch_size // 8)
+        return min(self.max_batch_size, self.min_prefill_seqs or auto)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_queue_size < 1:
             raise ValueError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
+        if self.min_prefill_seqs < 0:
+            raise ValueError(f"min_prefill_seqs must be >= 0, got {self.min_prefill_seqs}")
         if not 0.0 <= self.bulk_min_share <= 1.0:
             raise ValueError(f"bulk_min_share must be in [0, 1], got {self.bulk_min_share}")
 
@@ -166,11 +179,15 @@ class Scheduler:
         cap = self.cfg.max_batch_size
         if self.cfg.batching == "static" and self.live_seqs > 0:
             return
-        if self.live_seqs == 0 and self.queue_depth:
-            waiting_seqs = sum(r.n_seqs for q in self.waiting.values() for r in q)
+        if not self.queue_depth:
+            return
+        waiting_seqs = sum(r.n_seqs for q in self.waiting.values() for r in q)
+        if self.live_seqs == 0:
             first = min(q[0].arrival_s for q in self.waiting.values() if q)
             if waiting_seqs < cap and now_s < first + self.cfg.max_wait_ms / 1000.0:
                 return  # idle: give the first request up to max_wait_ms to gather companions
+        elif cap - self.live_seqs < min(waiting_seqs, self.cfg.prefill_group):
+            return  # running: let newcomers join in groups (prefill grouping, docstring)
         bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
         reserve = 0
         if bulk_q:

@@ -200,6 +200,7 @@ class Constrainer:
         self.style_bias = style_bias.to(device)  # last row: no style
         self.style_index = {s: i for i, s in enumerate(STYLES)}
         self.device = device
+        _wildcard_index(blocklist)  # built now, not inside the first request's step
 
     def char_id(self, ch: str) -> int:
         return self.tok.stoi.get(ch, self.tok.unk_id)

@@ -34,7 +34,6 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -141,8 +140,9 @@ def _resource_text(name: str) -> str:
 
 
 def _default_blocklist() -> Blocklist:
-    with resources.as_file(resources.files("chunlian").joinpath("resources", "blocklist.txt")) as p:
-        return Blocklist.from_file(Path(p))
+    from chunlian.data.blocklist import default_blocklist
+
+    return default_blocklist()
 
 
 class HengpiSelector:
@@ -176,6 +176,21 @@ class HengpiSelector:
         }
         self._chars = [frozenset(e.phrase) for e in kept]
         self._themes = [e.themes | themes_of(e.phrase) for e in kept]
+        # The scoring tables, so that ``scores`` is a few array operations (it runs once per
+        # generated couplet on the engine thread): [phrase, char] rarity weights where the
+        # phrase holds the char; [phrase, theme] 0/1; per-style bonus; phrase -> row.
+        self._char_col = {c: k for k, c in enumerate(sorted(df))}
+        self._char_mat = np.zeros((n, len(self._char_col)))
+        self._theme_mat = np.zeros((n, len(THEMES)))
+        for i in range(n):
+            for c in self._chars[i]:
+                self._char_mat[i, self._char_col[c]] = self.char_weight[c]
+            for t in self._themes[i]:
+                self._theme_mat[i, THEMES.index(t)] = 1.0
+        self._style_bonus = {
+            s: np.array([STYLE_WEIGHT if s in e.styles else 0.0 for e in kept]) for s in STYLES
+        }
+        self._row_of = {p: i for i, p in enumerate(self.phrases)}
         self._vectors: dict[str, npt.NDArray[np.float64]] = {}
         self._phrase_vecs: npt.NDArray[np.float64] | None = None
         if char_vectors is not None:
@@ -229,43 +244,52 @@ class HengpiSelector:
 
     def scores(self, upper: str, lower: str, style: str) -> list[float]:
         """Relevance of every phrase (in ``self.phrases`` order) to the couplet."""
+        return self._scores(upper, lower, style).tolist()  # type: ignore[no-any-return]
+
+    def _scores(self, upper: str, lower: str, style: str) -> npt.NDArray[np.float64]:
         if style not in STYLES:
             raise ValueError(f"unknown style {style!r}; expected one of {', '.join(STYLES)}")
         text = "".join(c for c in upper + lower if is_han(c))
-        chars = set(text)
+        n = len(self.phrases)
+        cols = sorted({self._char_col[c] for c in text if c in self._char_col})
+        overlap = np.zeros(n)
+        if cols:  # weights are >= 0: the top MAX_OVERLAP_CHARS of each row are the shared ones
+            shared = np.sort(self._char_mat[:, cols], axis=1)
+            overlap = shared[:, -MAX_OVERLAP_CHARS:].sum(axis=1)
         profile = theme_profile(text)
-        sem: list[float] = [0.0] * len(self.phrases)
+        theme = self._theme_mat @ np.array([profile.get(t, 0.0) for t in THEMES])
+        sem = np.zeros(n)
         if self._phrase_vecs is not None:
             cv = self._mean_unit(text)
             if cv is not None:
-                sem = (self._phrase_vecs @ cv).tolist()
-        out: list[float] = []
-        for i, e in enumerate(self.entries):
-            shared = sorted((self.char_weight[c] for c in self._chars[i] & chars), reverse=True)
-            overlap = sum(shared[:MAX_OVERLAP_CHARS])
-            theme = sum(profile.get(t, 0.0) for t in self._themes[i])
-            s = OVERLAP_WEIGHT * overlap + THEME_WEIGHT * theme + SEMANTIC_WEIGHT * sem[i]
-            if style in e.styles:
-                s += STYLE_WEIGHT
-            if e.phrase in upper or e.phrase in lower:
-                s -= COPY_PENALTY
-            out.append(s)
-        return out
+                sem = self._phrase_vecs @ cv
+        out = OVERLAP_WEIGHT * overlap + THEME_WEIGHT * theme + SEMANTIC_WEIGHT * sem
+        out = out + self._style_bonus[style]
+        copied = {  # phrases found verbatim in either line: penalised once each
+            self._row_of[w]
+            for line in (upper, lower)
+            for k in range(len(line) - PHRASE_LEN + 1)
+            if (w := line[k : k + PHRASE_LEN]) in self._row_of
+        }
+        for row in copied:
+            out[row] -= COPY_PENALTY
+        return np.asarray(out, dtype=np.float64)
 
     def rank(self, upper: str, lower: str, style: str) -> list[tuple[str, float]]:
         """Every phrase with its score, best first (ties keep the file's order)."""
-        scored = list(zip(self.phrases, self.scores(upper, lower, style), strict=True))
-        order = sorted(range(len(scored)), key=lambda i: -scored[i][1])  # stable sort
-        return [scored[i] for i in order]
+        scores = self._scores(upper, lower, style)
+        order = np.argsort(-scores, kind="stable")
+        return [(self.phrases[i], float(scores[i])) for i in order]
 
     def choose(self, upper: str, lower: str, style: str, seed: int | None = None) -> str:
         """The top phrase, or with ``seed`` a score-weighted draw among the top ``TOP_K``."""
-        ranked = self.rank(upper, lower, style)
+        scores = self._scores(upper, lower, style)
         if seed is None:
-            return ranked[0][0]
-        top = ranked[:TOP_K]
+            return str(self.phrases[int(np.argmax(scores))])  # the first of equal maxima
+        order = np.argsort(-scores, kind="stable")[:TOP_K]
+        top = [(self.phrases[i], float(scores[i])) for i in order]
         # Scores can be negative (cosine); shift so the weakest still has a small chance.
         low = min(s for _, s in top)
         weights = [s - low + 0.05 for _, s in top]
         rng = random.Random(f"{seed}|{upper}|{lower}|{style}")
-        return rng.choices([p for p, _ in top], weights=weights, k=1)[0]
+        return str(rng.choices([p for p, _ in top], weights=weights, k=1)[0])

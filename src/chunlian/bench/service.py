@@ -1,0 +1,149 @@
+"""``chunlian bench service``: what the HTTP layer and the cache cost, side by side in one run.
+
+Three measurements, each against its own reference, taken one after another in one process
+tree on the same machine (loopback, bounded in time):
+
+1. **Cache hits against a bare endpoint.** A bare FastAPI app (``bare_app``: one POST route
+   returning a constant couplet, served by the same uvicorn configuration as chunlian) and
+   chunlian with its in-process cache warmed, every request a hit. Ratio of requests/s and
+   of p50 (bare p50 / chunlian p50; both "higher is better").
+2. **Cache misses at concurrency 64 against the offline engine's peak.** chunlian answering
+   distinct lines (every request a miss, so every request goes through the engine), and
+   ``chunlian bench engine``'s continuous mode on the same model, same ``max_batch_size``,
+   all requests submitted at once (no HTTP). The peak is the best of 1 and 2 torch threads;
+   both are reported.
+
+The ratios are only as good as the machine's quiet: run it with nothing else going on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chunlian.bench.loadgen import RequestPlan, load_lines, run_load
+from chunlian.bench.sweep import free_port, run_server
+
+
+@contextmanager
+def bare_server(ready_limit_s: float = 60.0) -> Iterator[tuple[str, int]]:
+    """Start ``chunlian.bench.bare_app`` on a loopback port; yield (url, pid); stop it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "chunlian.bench.bare_app", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_limit_s
+        with httpx.Client(base_url=url, timeout=2.0) as c:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the bare app exited with {proc.returncode}")
+                try:
+                    if c.get("/healthz").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the bare app did not start")
+                time.sleep(0.1)
+        yield url, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _warm_hits(url: str, lines: list[str]) -> None:
+    """Answer every hot line once, so that the measured requests are all cache hits."""
+    with httpx.Client(base_url=url, timeout=120.0) as c:
+        for u in lines:
+            r = c.post("/v1/couplets", json={"upper": u})
+            r.raise_for_status()
+
+
+def engine_peak(max_batch_size: int, requests: int, threads: int,
+                model_path: Path | None = None) -> dict[str, float]:
+    """Continuous batching offline (``bench.engine``), all requests at once, in a child
+    process (its torch threads must not share this process with the load generator)."""
+    code = (
+        "import json,sys,asyncio,torch\n"
+        "from pathlib import Path\n"
+        "from chunlian.bench.engine import peak\n"
+        f"print(json.dumps(peak({str(model_path) if model_path else None!r}, {max_batch_size}, "
+        f"{requests}, {threads})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _phase(url: str, pid: int | None, concurrency: int, duration_s: float, plan: RequestPlan,
+           label: str, progress: bool, warmup_s: float = 1.0) -> dict[str, Any]:
+    res = run_load(url, concurrency, duration_s, 1_000_000, plan, warmup_s=warmup_s,
+                   server_pid=pid, progress=progress, label=label)
+    rep = res.report()
+    return {k: rep.get(k) for k in ("requests", "requests_per_s", "p50_ms", "p95_ms", "p99_ms",
+                                    "errors", "cached_share", "mean_batch_size",
+                                    "server_cpu_cores", "host_busy_cores", "host_other_cores")}
+
+
+def run_service_bench(
+    *, duration_s: float = 15.0, hit_concurrency: int = 64, miss_concurrency: int = 64,
+    max_batch_size: int = 64, engine_requests: int = 800, hot_size: int = 16,
+    progress: bool = True, data: Path | None = None,
+) -> dict[str, Any]:
+    """Run the phases of the module docstring; return one JSON-able report."""
+    lines = load_lines(data)
+    hot = lines[-hot_size:]
+    out: dict[str, Any] = {"meta": {"duration_s": duration_s, "hit_concurrency": hit_concurrency,
+                                    "miss_concurrency": miss_concurrency,
+                                    "max_batch_size": max_batch_size, "cpus": os.cpu_count()}}
+    with bare_server() as (url, pid):
+        out["bare"] = _phase(url, pid, hit_concurrency, duration_s,
+                             RequestPlan(lines, unique_ratio=0.0, hot_size=hot_size), "bare", progress)
+    settings = {"max_batch_size": max_batch_size}
+    with run_server(settings) as srv:
+        _warm_hits(srv.url, hot)
+        out["hits"] = _phase(srv.url, srv.pid, hit_concurrency, duration_s,
+                             RequestPlan(lines, unique_ratio=0.0, hot_size=hot_size), "hits", progress)
+        out["misses"] = _phase(srv.url, srv.pid, miss_concurrency, duration_s,
+                               RequestPlan(lines, unique_ratio=1.0, seed=1), "misses", progress,
+                               warmup_s=3.0)
+    out["engine"] = {f"threads_{t}": engine_peak(max_batch_size, engine_requests, t) for t in (1, 2)}
+    peak = max(v["seq_per_s"] for v in out["engine"].values())
+    bare, hits, misses = out["bare"], out["hits"], out["misses"]
+    out["ratio_hit_rps_vs_bare"] = round(hits["requests_per_s"] / bare["requests_per_s"], 3)
+    out["ratio_hit_p50_vs_bare"] = round(bare["p50_ms"] / hits["p50_ms"], 3)
+    out["engine_peak_seq_per_s"] = round(peak, 1)
+    out["ratio_miss_rps_vs_engine_peak"] = round(misses["requests_per_s"] / peak, 3)
+    return out
+
+
+def format_report(rep: dict[str, Any]) -> str:
+    b, h, m = rep["bare"], rep["hits"], rep["misses"]
+    rows = [
+        ("bare FastAPI constant", b["requests_per_s"], b["p50_ms"], b["p99_ms"]),
+        ("chunlian cache hits", h["requests_per_s"], h["p50_ms"], h["p99_ms"]),
+        ("chunlian cache misses", m["requests_per_s"], m["p50_ms"], m["p99_ms"]),
+    ]
+    lines = [f"{'run':28s} {'req/s':>9s} {'p50 ms':>9s} {'p99 ms':>9s}"]
+    lines += [f"{n:28s} {r:9.1f} {p50:9.1f} {p99:9.1f}" for n, r, p50, p99 in rows]
+    for k, v in rep["engine"].items():
+        lines.append(f"{'engine offline ' + k:28s} {v['seq_per_s']:9.1f}")
+    lines.append(f"hit req/s vs bare   {rep['ratio_hit_rps_vs_bare']:.3f}  (target >= 0.7)")
+    lines.append(f"hit p50 vs bare     {rep['ratio_hit_p50_vs_bare']:.3f}  (bare p50 / hit p50)")
+    lines.append(f"miss req/s vs peak  {rep['ratio_miss_rps_vs_engine_peak']:.3f}  (target >= 0.85)")
+    return "\n".join(lines)

@@ -1,0 +1,130 @@
+"""The shipped weights: they load and generate; batching, padding and the KV cache change
+nothing; a seed's output does not depend on its batch companions; the CLI's bad-input table."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+import torch
+
+from chunlian.cli import main as cli_main
+from chunlian.engine.request import SeqSpec
+from chunlian.engine.runner import ModelRunner
+from chunlian.model.checkpoint import LoadedModel, load_weights
+from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
+from chunlian.text import is_han, tone_class
+
+torch.set_num_threads(1)
+
+# different lengths (5 to 15 characters, one with a clause break), none from training
+UPPERS = ["春回大地", "瑞雪兆丰年", "春风送暖入屠苏", "一帆风顺年年好", "和顺一门有百福",
+          "天增岁月人增寿", "爆竹声中辞旧岁，梅花香里迎新春", "红梅含苞傲冬雪", "江山如画",
+          "门迎百福福星照", "国泰民安家家乐，人寿年丰户户春"]
+
+
+@cache
+def shipped() -> LoadedModel:
+    return load_weights(None, "cpu")
+
+
+def specs(greedy: bool = True, first_id: int = 0) -> list[SeqSpec]:
+    return [SeqSpec(seq_id=first_id + i, style="traditional", upper=u, upper_len=len(u),
+                    greedy=greedy, seed=1000 + i, temperature=0.9, top_k=50, top_p=0.95)
+            for i, u in enumerate(UPPERS)]
+
+
+def lowers(runner: ModelRunner, batch: list[SeqSpec]) -> dict[str, str]:
+    out = runner.run_all(batch)
+    by_id = {s.seq_id: s.upper for s in batch}
+    return {by_id[o.seq_id]: o.lower for o in out.values()}  # type: ignore[misc]
+
+
+def test_shipped_weights_load_and_every_rule_holds() -> None:
+    loaded = shipped()
+    assert loaded.model.num_params() > 1_000_000
+    got = lowers(ModelRunner(loaded, 16), specs())
+    assert set(got) == set(UPPERS)
+    for upper, lower in got.items():
+        assert len(lower) == len(upper)
+        for i, (a, b) in enumerate(zip(upper, lower, strict=True)):
+            assert is_han(a) == is_han(b) and (is_han(a) or a == b)  # punctuation mirrored
+            for j in range(i + 1, len(upper)):
+                assert (upper[i] == upper[j]) == (lower[i] == lower[j])
+        assert not {c for c in upper if is_han(c)} & set(lower)
+        if tone_class(upper[-1]) == "ze":
+            assert tone_class(lower[-1]) == "ping"
+
+
+def test_batched_greedy_equals_one_at_a_time() -> None:
+    """Padding, masks and per-row positions are right: a batch of mixed lengths (joined as
+    rows free up, so prefill and decode mix) gives what each request gets alone."""
+    loaded = shipped()
+    batched = lowers(ModelRunner(loaded, 4), specs())
+    alone = {s.upper: lowers(ModelRunner(loaded, 1), [s])[s.upper] for s in specs()}  # type: ignore[index]
+    assert batched == alone
+
+
+def test_a_seed_gives_the_same_sample_whatever_the_batch() -> None:
+    loaded = shipped()
+    batched = lowers(ModelRunner(loaded, 16), specs(greedy=False))
+    alone = {s.upper: lowers(ModelRunner(loaded, 1), [s])[s.upper]  # type: ignore[index]
+             for s in specs(greedy=False)[:4]}
+    assert {u: batched[u] for u in alone} == alone
+    other_seeds = lowers(ModelRunner(loaded, 16), [
+        SeqSpec(seq_id=i, style="traditional", upper=u, upper_len=len(u), greedy=False, seed=7 + i)
+        for i, u in enumerate(UPPERS)])
+    assert other_seeds != batched  # the seed matters
+
+
+def test_cached_decoding_equals_a_full_recompute() -> None:
+    """Logits from the KV cache (one token per step) match a forward over the whole prefix."""
+    loaded = shipped()
+    model, tok = loaded.model.eval(), loaded.tokenizer
+    upper, lower = "春风送暖入屠苏", "瑞气盈门满室春"
+    ids = tok.prefix("traditional", "modern") + tok.encode(upper) + [tok.sep_id] + tok.encode(lower)
+    roles = ([0] * PREFIX_LEN + [upper_role(i) for i in range(len(upper))]
+             + [lower_role(i) for i in range(len(lower) + 1)])
+    T = len(ids)
+    idx, role = torch.tensor([ids]), torch.tensor([roles])
+    pos = torch.arange(T)[None]
+    with torch.inference_mode():
+        full = model(idx, pos, role)[0]  # [T, V]
+        runner = ModelRunner(loaded, 1)
+        cache_ = runner.cache
+        P = PREFIX_LEN + len(upper) + 1
+        mask = torch.ones(P, P, dtype=torch.bool).tril()[None]
+        step = [model(idx[:, :P], pos[:, :P], role[:, :P], mask, cache_, row0=0,
+                      select=torch.tensor([P - 1]))[0]]
+        for t in range(P, T):
+            m = (torch.arange(t + 1) <= t)[None, None, :]
+            step.append(model(idx[:, t:t + 1], pos[:, t:t + 1], role[:, t:t + 1], m, cache_,
+                              cache_pos=torch.tensor([t]))[0, 0])
+    got = torch.stack(step)
+    want = full[P - 1:]
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["generate", "hello"], "Chinese"),
+    (["generate", "春" * 33], "32"),
+    (["generate", "春回大地", "--style", "foo"], "style"),
+    (["generate", "春回大地", "--n", "9"], "n must be"),
+    (["generate", "春回大地", "--n", "0"], "n must be"),
+    (["generate", "   "], "upper"),
+    (["compose", "--heads", "李明王"], "heads"),
+    (["compose", "--heads", "ab"], "heads"),
+    (["compose", "--keyword", "新春", "--length", "6"], "length"),
+])
+def test_cli_bad_input_exits_2_with_one_line_and_nothing_on_stdout(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = cli_main(argv)
+    except SystemExit as exc:  # argparse's own errors exit; ours return
+        code = exc.code  # type: ignore[assignment]
+    assert code == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
