@@ -357,3 +357,17 @@ async def test_not_ready_once_the_engine_stops_running() -> None:
         assert_error(await h.client.get("/readyz"), 503, "not_ready")
         assert_error(await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"}), 503, "not_ready")
         assert (await h.client.get("/healthz")).status_code == 200
+
+
+def test_fast_path_takes_only_plain_valid_requests() -> None:
+    from chunlian.api.fastpath import plain_request
+
+    ok = plain_request('{"upper": " 春回大地千山秀 ", "style": "family", "seed": 3, "timeout_ms": 500}'.encode())
+    assert ok is not None and ok.upper == "春回大地千山秀" and ok.style == "family"
+    assert ok.params.seed == 3 and ok.timeout_s == 0.5
+    for body in ['{"upper": "春回大地", "n": 2}', '{"upper": "春回大地", "regenerate": true}',
+                 '{"upper": "春回大地", "n": true}', '{"upper": "春回大地", "seed": -1}',
+                 '{"upper": "春回大地", "style": "nope"}', '{"upper": "hello"}', '{"upper": 3}',
+                 '{"upper": "春回大地", "timeout_ms": 5}', '{"upper": "春回大地", "extra": 1}',
+                 '[1]', 'nope', '[' * 3000 + ']' * 3000]:
+        assert plain_request(body.encode()) is None, body  # the route answers these

@@ -120,7 +120,7 @@ def run_service_bench(
         out["hits"] = _phase(srv.url, srv.pid, hit_concurrency, duration_s,
                              RequestPlan(lines, unique_ratio=0.0, hot_size=hot_size), "hits", progress)
         out["misses"] = _phase(srv.url, srv.pid, miss_concurrency, duration_s,
-                               RequestPlan(lines, unique_ratio=1.0, seed=1), "misses", progress,
+                               RequestPlan(lines, unique_ratio=1.0), "misses", progress,
                                warmup_s=3.0)
     out["engine"] = {f"threads_{t}": engine_peak(max_batch_size, engine_requests, t) for t in (1, 2)}
     peak = max(v["seq_per_s"] for v in out["engine"].values())
