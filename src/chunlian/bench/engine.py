@@ -47,16 +47,17 @@ def mixed_lines(requests: int) -> list[str]:
     return [u[:32].rstrip("，") for u in mix]
 
 
-async def _drive(loaded: LoadedModel, uppers: list[str], batch: int, mode: str, hengpi: Any) -> dict[str, float]:
+async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], batch: int, mode: str,
+                 hengpi: Any) -> dict[str, float]:
     settings = load_settings(max_batch_size=batch, batching=mode, max_wait_ms=0,
                              max_queue_size=max(len(uppers), 1), default_timeout_ms=600_000)
     engine = Engine(settings, ModelRunner(loaded, capacity=batch), hengpi, loaded.tag)
     await engine.start()
     lat: list[float] = []
 
-    async def one(u: str) -> None:
+    async def one(u: str | CoupletRequest) -> None:
         t = time.perf_counter()
-        await engine.generate(CoupletRequest(upper=u))
+        await engine.generate(u if isinstance(u, CoupletRequest) else CoupletRequest(upper=u))
         lat.append(time.perf_counter() - t)
 
     t0 = time.perf_counter()
@@ -122,8 +123,19 @@ def run(
     return report
 
 
-def peak(model_path: str | None, max_batch_size: int, requests: int, threads: int) -> dict[str, float]:
-    """Continuous batching only, all ``requests`` submitted at once (the engine's peak)."""
+def http_requests(count: int) -> list[CoupletRequest]:
+    """The first ``count`` fresh requests ``chunlian bench http`` sends (same lines, styles)."""
+    from chunlian.bench.loadgen import RequestPlan, load_lines
+
+    plan = RequestPlan(load_lines(), unique_ratio=1.0)
+    bodies = [plan.next_body() for _ in range(count)]
+    return [CoupletRequest(upper=b["upper"], style=b["style"]) for b in bodies if "seed" not in b]
+
+
+def peak(model_path: str | None, max_batch_size: int, requests: int, threads: int,
+         workload: str = "mixed") -> dict[str, Any]:
+    """Continuous batching only, all ``requests`` submitted at once (the engine's peak), on
+    the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``)."""
     import torch
 
     from chunlian.model.hengpi import HengpiSelector
@@ -131,8 +143,9 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
     torch.set_num_threads(threads)
     loaded = load_weights(Path(model_path) if model_path else None, "cpu")
     hengpi = HengpiSelector.from_loaded(loaded)
-    mix = mixed_lines(requests)
+    mix: list[str] | list[CoupletRequest] = http_requests(requests) if workload == "http" else mixed_lines(requests)
     asyncio.run(_drive(loaded, mix[:16], min(16, max_batch_size), "continuous", hengpi))  # warm-up
     r = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi))
     return {"seq_per_s": round(r["seq_per_s"], 1), "p50_ms": round(r["p50_ms"], 1),
-            "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix)}
+            "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix),
+            "workload": workload}

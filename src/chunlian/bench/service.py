@@ -10,7 +10,8 @@ tree on the same machine (loopback, bounded in time):
 2. **Cache misses at concurrency 64 against the offline engine's peak.** chunlian answering
    distinct lines (every request a miss, so every request goes through the engine), and
    ``chunlian bench engine``'s continuous mode on the same model, same ``max_batch_size``,
-   all requests submitted at once (no HTTP). The peak is the best of 1 and 2 torch threads;
+   on the same requests the HTTP phase sends (same lines and styles), all submitted at
+   once (no HTTP). The peak is the best of 1 and 2 torch threads;
    both are reported.
 
 The ratios are only as good as the machine's quiet: run it with nothing else going on.
@@ -75,7 +76,7 @@ def _warm_hits(url: str, lines: list[str]) -> None:
 
 
 def engine_peak(max_batch_size: int, requests: int, threads: int,
-                model_path: Path | None = None) -> dict[str, float]:
+                model_path: Path | None = None, workload: str = "http") -> dict[str, Any]:
     """Continuous batching offline (``bench.engine``), all requests at once, in a child
     process (its torch threads must not share this process with the load generator)."""
     code = (
@@ -83,7 +84,7 @@ def engine_peak(max_batch_size: int, requests: int, threads: int,
         "from pathlib import Path\n"
         "from chunlian.bench.engine import peak\n"
         f"print(json.dumps(peak({str(model_path) if model_path else None!r}, {max_batch_size}, "
-        f"{requests}, {threads})))\n"
+        f"{requests}, {threads}, {workload!r})))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          check=True)
