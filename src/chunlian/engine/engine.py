@@ -258,6 +258,7 @@ class Engine:
                 self._drop(plan.expired, DeadlineExceeded("deadline passed while queued"), "deadline")
                 self._drop(plan.cancelled, Cancelled("request cancelled"), "cancel")
                 self._release(plan.release)
+                self.stats.running = self.scheduler.live_seqs  # also when nothing runs next
                 if plan.has_work:
                     self._step(admitted, plan.decode)
         except BaseException as e:  # engine failure: complete every pending future
