@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     model_path: Path | None = None  # None: the weights shipped in the package
     device: Literal["cpu", "cuda", "auto"] = "auto"
     torch_threads: int = Field(0, ge=0, le=256)  # 0: pick by layout (see engine.runner)
+    # run the engine core (model, scheduler) in its own process (engine.process): the web
+    # server and the engine then hold separate interpreter locks and can use separate cores
+    engine_process: bool = False
 
     batching: Literal["continuous", "static"] = "continuous"
     max_batch_size: int = Field(64, ge=1, le=1024)

@@ -25,6 +25,10 @@ log = logging.getLogger("chunlian.api")
 
 
 def _build_engine(settings: Settings) -> EngineLike:
+    if settings.engine_process:  # the model loads in the child, at start()
+        from chunlian.engine.process import ProcessEngine
+
+        return ProcessEngine(settings)
     from chunlian.engine.engine import Engine
 
     return Engine.from_settings(settings)
