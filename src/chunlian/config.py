@@ -32,9 +32,13 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     model_path: Path | None = None  # None: the weights shipped in the package
     device: Literal["cpu", "cuda", "auto"] = "auto"
-    torch_threads: int = Field(0, ge=0, le=256)  # 0: pick by layout (see engine.runner)
+    # 0 = 1: a second intra-op thread spins on the core the web server needs under overload
+    # (measured: docs/benchmarks.md); raise it on machines with cores to spare
+    torch_threads: int = Field(0, ge=0, le=256)
     # run the engine core (model, scheduler) in its own process (engine.process): the web
-    # server and the engine then hold separate interpreter locks and can use separate cores
+    # server and the engine then hold separate interpreter locks and can use separate cores.
+    # Off by default: on 2 cores it gave +10-15% on misses but, under the 2,000-connection
+    # overload, starved the web process (answers past their deadline); see docs/benchmarks.md
     engine_process: bool = False
 
     batching: Literal["continuous", "static"] = "continuous"

@@ -70,6 +70,12 @@ class Runtime:
         """Build the engine from the settings when none was given (off the event loop)."""
         if self.engine is None:
             self.engine = await asyncio.to_thread(_build_engine, self.settings)
+            if self.settings.engine_process:
+                # the child loads the model now, so that a bad model fails start-up here
+                # (the process exits) as it does in-process, rather than leaving the
+                # instance alive and never ready
+                self._started = True
+                await self.engine.start()
         engine = self.engine
         self.metrics.bind_engine(engine, self.settings.resolved_device())
         engine.add_step_listener(self.metrics.on_step)

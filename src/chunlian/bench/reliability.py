@@ -812,6 +812,11 @@ async def overload(
     if fresh.status_code != 200:
         out.problem(f"a request after the load: {fresh.status_code} {fresh.text[:200]}")
     after = await ascrape(url)
+    settle_deadline = time.monotonic() + 3.0  # an engine process pushes its gauges every 0.25 s
+    while (metric(after, "chunlian_engine_running") != 0 or metric(after, "chunlian_queue_depth") != 0) \
+            and time.monotonic() < settle_deadline:
+        await asyncio.sleep(0.1)
+        after = await ascrape(url)
     if metric(after, "chunlian_engine_running") != 0 or metric(after, "chunlian_queue_depth") != 0:
         out.problem(f"slots still taken after the load: running {metric(after, 'chunlian_engine_running'):.0f}, "
                     f"queued {metric(after, 'chunlian_queue_depth'):.0f}")

@@ -104,18 +104,19 @@ def _phase(url: str, pid: int | None, concurrency: int, duration_s: float, plan:
 def run_service_bench(
     *, duration_s: float = 15.0, hit_concurrency: int = 64, miss_concurrency: int = 64,
     max_batch_size: int = 64, engine_requests: int = 800, hot_size: int = 16,
-    progress: bool = True, data: Path | None = None,
+    progress: bool = True, data: Path | None = None, engine_process: bool = False,
 ) -> dict[str, Any]:
     """Run the phases of the module docstring; return one JSON-able report."""
     lines = load_lines(data)
     hot = lines[-hot_size:]
     out: dict[str, Any] = {"meta": {"duration_s": duration_s, "hit_concurrency": hit_concurrency,
                                     "miss_concurrency": miss_concurrency,
-                                    "max_batch_size": max_batch_size, "cpus": os.cpu_count()}}
+                                    "max_batch_size": max_batch_size, "cpus": os.cpu_count(),
+                                    "engine_process": engine_process}}
     with bare_server() as (url, pid):
         out["bare"] = _phase(url, pid, hit_concurrency, duration_s,
                              RequestPlan(lines, unique_ratio=0.0, hot_size=hot_size), "bare", progress)
-    settings = {"max_batch_size": max_batch_size}
+    settings = {"max_batch_size": max_batch_size, "engine_process": engine_process}
     with run_server(settings) as srv:
         _warm_hits(srv.url, hot)
         out["hits"] = _phase(srv.url, srv.pid, hit_concurrency, duration_s,

@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -39,6 +40,7 @@ log = logging.getLogger("chunlian.engine")
 STATS_EVERY_S = 0.25
 START_LIMIT_S = 300.0
 STOP_LIMIT_S = 15.0
+ENGINE_NICE = 5  # the engine process's niceness relative to the web process
 ErrorWire = tuple[str, str, dict[str, Any]]
 
 
@@ -86,7 +88,10 @@ class ProcessEngine:
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Spawn the engine process and wait until its model is loaded."""
+        """Spawn the engine process and wait until its model is loaded (once: a second call
+        returns at once); raises ``ModelError`` when the child cannot load the model."""
+        if self._proc is not None:
+            return
         self._loop = asyncio.get_running_loop()
         self._ready = self._loop.create_future()
         ctx = mp.get_context("spawn")  # never fork a process that may hold torch threads
@@ -234,6 +239,10 @@ def child_main(settings_dump: dict[str, Any], conn: Connection) -> None:
         with lock:
             conn.send(msg)
 
+    with contextlib.suppress(OSError):
+        # the web process answers hits, 429s and health checks in microseconds; under
+        # overload it must win the CPU over the engine, not wait behind it
+        os.nice(ENGINE_NICE)
     try:
         settings = load_settings(**settings_dump)
         engine = Engine.from_settings(settings)

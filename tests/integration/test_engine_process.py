@@ -1,0 +1,79 @@
+"""The engine core in its own process (``engine.process``): a real child with the shipped
+model. Every future completes on every path: result, error, overload, cancellation, stop,
+and the child dying under load."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from chunlian import errors as E
+from chunlian.config import load_settings
+from chunlian.engine.process import ProcessEngine, decode_error, encode_error
+from chunlian.types import CoupletRequest
+
+
+def test_errors_cross_the_pipe_with_their_fields() -> None:
+    over = decode_error(encode_error(E.Overloaded("queue full", 3.5)))
+    assert isinstance(over, E.Overloaded) and over.retry_after_s == 3.5 and str(over) == "queue full"
+    bad = decode_error(encode_error(E.InvalidInput("no", "upper")))
+    assert isinstance(bad, E.InvalidInput) and bad.field == "upper"
+    assert isinstance(decode_error(encode_error(E.DeadlineExceeded("late"))), E.DeadlineExceeded)
+    other = decode_error(encode_error(KeyError("x")))  # not ours: a model error, no internals
+    assert isinstance(other, E.ModelError) and "KeyError" in str(other)
+    assert isinstance(decode_error(("NoSuchError", "m", {})), E.ModelError)
+
+
+async def test_a_child_process_serves_and_every_path_completes() -> None:
+    engine = ProcessEngine(load_settings(max_batch_size=8, max_queue_size=4, warmup=""))
+    await engine.start()
+    try:
+        assert engine.running and engine.model_tag.startswith("chunlian-couplet@")
+        res = await engine.generate(CoupletRequest(upper="春回大地千山秀"))
+        assert len(res.best.lower) == 7 and len(res.best.hengpi) == 4
+        # overload: the queue holds 4, the rest are refused with a retry-after
+        outs = await asyncio.gather(*(engine.generate(CoupletRequest(upper="春" * k + "回"))
+                                      for k in range(1, 19)), return_exceptions=True)
+        over = [o for o in outs if isinstance(o, E.Overloaded)]
+        assert over and all(o.retry_after_s >= 1 for o in over)
+        assert all(not isinstance(o, Exception) or isinstance(o, E.Overloaded) for o in outs)
+        # cancellation: the caller goes away; the child counts it and frees the slot
+        task = asyncio.ensure_future(engine.generate(CoupletRequest(upper="国泰民安家家乐")))
+        await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(40):  # stats arrive every 0.25 s
+            if engine.stats.completed >= 5:
+                break
+            await asyncio.sleep(0.1)
+        assert engine.stats.completed >= 5 and engine.stats.rejected == len(over)
+    finally:
+        await engine.stop()
+    assert not engine.running
+    with pytest.raises(E.EngineStopped):
+        await engine.generate(CoupletRequest(upper="春回大地"))
+
+
+async def test_a_dead_child_fails_every_pending_request() -> None:
+    engine = ProcessEngine(load_settings(max_batch_size=4, warmup=""))
+    await engine.start()
+    try:
+        pending = [asyncio.ensure_future(engine.generate(CoupletRequest(upper=u)))
+                   for u in ["春回大地千山秀", "瑞雪兆丰年", "天增岁月人增寿", "江山如画"] * 10]
+        await asyncio.sleep(0.05)
+        assert engine._proc is not None and engine._proc.pid is not None
+        os.kill(engine._proc.pid, signal.SIGKILL)
+        outs = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 30)
+        assert any(isinstance(o, E.EngineStopped) for o in outs)
+        assert all(isinstance(o, E.EngineStopped) or not isinstance(o, BaseException) for o in outs)
+        for _ in range(50):
+            if not engine.running:
+                break
+            await asyncio.sleep(0.1)
+        assert not engine.running  # the instance then reports not ready
+    finally:
+        await engine.stop()
