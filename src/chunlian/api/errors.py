@@ -148,6 +148,11 @@ def validation_detail(errors: list[Any]) -> tuple[str, str, str | None]:
 
 async def _on_chunlian_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ChunlianError)
+    return chunlian_error_logged(request, exc)
+
+
+def chunlian_error_logged(request: Request, exc: ChunlianError) -> Response:
+    """The response for ``exc``, logging what a 500 hides from the client."""
     if status_of(exc)[0] == 500:  # the client sees no detail: the log must (e.g. a ModelError)
         log.error("%s answered 500: %s: %s rid=%s", request.url.path, type(exc).__name__, exc,
                   request.scope.get("state", {}).get("request_id", "-"))

@@ -5,10 +5,11 @@ web framework's: routing, dependency solving, pydantic and the response class to
 half of a hit's CPU time. ``CacheHitFastPath`` (pure ASGI, inside ``ServiceMiddleware``, so
 request ids, size limits, metrics and the access log still apply) reads the body, and when
 it is a plain, valid request (the fields of ``CoupletIn`` with their exact types, no
-``regenerate``, ``n`` = 1) whose answer is cached, sends that answer itself. Anything else
--- a miss, a bad body, an unusual field, a non-JSON content type, the service not ready --
-goes on to the router with the body replayed, so every answer and every error is exactly
-the route's. Both paths build the cache key with ``cache_key`` from the same
+``regenerate``, ``n`` = 1) answers it itself: from the cache, or through the same service
+call, disconnect watch and error responses as the route (under overload most answers are
+429s, and they must stay cheap too). Anything else -- a bad body, an unusual field, a
+non-JSON content type, the service not ready -- goes on to the router with the body
+replayed, so every error is exactly the route's. Both paths build the cache key with ``cache_key`` from the same
 ``CoupletRequest`` (``validate_upper`` normalises the text in both).
 """
 
@@ -18,14 +19,16 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from chunlian.api.errors import chunlian_error_logged as on_chunlian_error
 from chunlian.api.errors import json_bytes
-from chunlian.api.routes import CACHE_CHECKED, couplet_json
+from chunlian.api.routes import couplet_json, unless_disconnected
 from chunlian.api.runtime import Runtime
 from chunlian.api.schemas import MAX_RAW_TEXT, MAX_SEED
 from chunlian.api.service import Answer
-from chunlian.errors import InvalidInput
+from chunlian.errors import ChunlianError, InvalidInput
 from chunlian.model.styles import STYLES
 from chunlian.text import validate_upper
 from chunlian.types import CoupletRequest, DecodeParams
@@ -86,7 +89,8 @@ async def _read_body(receive: Receive) -> tuple[bytes, Message | None]:
 
 
 class CacheHitFastPath:
-    """Answers cached ``POST /v1/couplets`` requests before the router (module docstring)."""
+    """Answers plain ``POST /v1/couplets`` requests (cache hit or not) before the router
+    (module docstring); everything else goes to the router."""
 
     def __init__(self, app: ASGIApp, runtime: Runtime) -> None:
         self.app = app
@@ -100,14 +104,24 @@ class CacheHitFastPath:
             return
         body, other = await _read_body(receive)
         req = plain_request(body) if other is None else None
-        hit = await svc.cached(req) if req is not None else None
+        if req is None:
+            await self.app(scope, _replay(body, other, receive), send)
+            return
+        scope["route"] = _ROUTE
+        hit = await svc.cached(req)
         if hit is not None:
-            scope["route"] = _ROUTE
             await _send_json(send, _couplet_body(hit, svc.model_tag))
             return
-        if req is not None:  # looked up and missed: the route must not count a second miss
-            scope.setdefault("state", {})[CACHE_CHECKED] = True
-        await self.app(scope, _replay(body, other, receive), send)
+        # a miss: generate here too, exactly as the route does (same service call, same
+        # disconnect watch, same error responses), without the framework's per-request work;
+        # under overload most of these answers are 429s, and they must stay cheap
+        request = Request(scope, _replay(body, None, receive))
+        try:
+            answer = await unless_disconnected(request, svc.generate(req))
+        except ChunlianError as e:
+            await on_chunlian_error(request, e)(scope, receive, send)
+            return
+        await _send_json(send, _couplet_body(answer, svc.model_tag))
 
 
 def _couplet_body(answer: Answer, model_tag: str) -> bytes:

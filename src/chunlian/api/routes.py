@@ -58,9 +58,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter()
 
 
-CACHE_CHECKED = "cache_checked"  # request.state flag set by api.fastpath after a cache miss
-
-
 def json_response(content: Any, status: int = 200) -> Response:
     """A JSON response without a second validation pass."""
     return Response(json_bytes(content), status_code=status, media_type="application/json")
@@ -121,8 +118,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 
 async def _answer(request: Request, svc: CoupletService, req: CoupletRequest, regenerate: bool) -> Answer:
-    # the cache-hit fast path (api.fastpath) may have looked this request up already
-    if not regenerate and not getattr(request.state, CACHE_CHECKED, False):
+    if not regenerate:
         hit = await svc.cached(req)
         if hit is not None:
             return hit
