@@ -137,3 +137,19 @@ def validate_keyword(raw: object, length: int) -> str:
             "keyword",
         )
     return keyword
+
+
+@lru_cache(maxsize=16384)
+def checked_positions(line: str) -> tuple[int, ...]:
+    """Positions whose 平仄 should oppose: within each clause (split at non-Han characters),
+    the even positions (1-based from the clause start) and the clause's last character."""
+    out: list[int] = []
+    start = 0
+    for i in range(len(line) + 1):
+        if i == len(line) or not is_han(line[i]):
+            if i > start:
+                out.extend(p for p in range(start, i) if (p - start + 1) % 2 == 0)
+                if (i - 1) not in out:
+                    out.append(i - 1)
+            start = i + 1
+    return tuple(sorted(set(out)))

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import redis
 
-from chunlian.bench.engine import sample_uppers
+from chunlian.bench.common import sample_uppers
 from chunlian.config import load_settings
 from chunlian.errors import InvalidInput
 from chunlian.jobs.items import MAX_JOB_ITEMS

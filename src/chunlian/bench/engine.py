@@ -15,27 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from chunlian.bench.common import percentile, sample_uppers
 from chunlian.config import load_settings
 from chunlian.engine.engine import Engine
 from chunlian.engine.runner import ModelRunner
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.types import CoupletRequest
-
-
-def sample_uppers() -> list[str]:
-    text = resources.files("chunlian.resources").joinpath("sample_uppers.txt").read_text(encoding="utf-8")
-    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-
-
-def percentile(xs: list[float], q: float) -> float:
-    if not xs:
-        return 0.0
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 def mixed_lines(requests: int) -> list[str]:

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from chunlian.bench.engine import percentile, sample_uppers
+from chunlian.bench.common import percentile, sample_uppers
 
 STYLES = ("traditional", "business", "family", "literary")
 DEFAULT_URL = "http://127.0.0.1:8000"

@@ -34,7 +34,7 @@ from torch import Tensor
 from chunlian.data.blocklist import Blocklist
 from chunlian.model.styles import LEXICONS, STYLE_BIAS, STYLES
 from chunlian.model.tokenizer import Tokenizer
-from chunlian.text import is_han, tone_class
+from chunlian.text import checked_positions, is_han, tone_class
 
 # which tone to push towards at a position: 0 none, 1 ping, 2 ze
 WANT_NONE, WANT_PING, WANT_ZE = 0, 1, 2
@@ -91,22 +91,6 @@ def lookahead_banned(
         if "" not in chars:
             out |= index.get("".join(chars), frozenset())
     return out
-
-
-@lru_cache(maxsize=16384)
-def checked_positions(line: str) -> tuple[int, ...]:
-    """Positions whose 平仄 should oppose: within each clause (split at non-Han characters),
-    the even positions (1-based from the clause start) and the clause's last character."""
-    out: list[int] = []
-    start = 0
-    for i in range(len(line) + 1):
-        if i == len(line) or not is_han(line[i]):
-            if i > start:
-                out.extend(p for p in range(start, i) if (p - start + 1) % 2 == 0)
-                if (i - 1) not in out:
-                    out.append(i - 1)
-            start = i + 1
-    return tuple(sorted(set(out)))
 
 
 @dataclass

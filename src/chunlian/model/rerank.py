@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from chunlian.engine.request import SeqOutput
-from chunlian.model.decoding import checked_positions
-from chunlian.text import tone_class
+from chunlian.text import checked_positions, tone_class
 from chunlian.types import Couplet, CoupletRequest, CoupletResult
 
 RULE_WEIGHT = 1.0

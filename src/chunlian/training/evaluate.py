@@ -24,7 +24,7 @@ rates are in 0..1, each over the pairs named, and a rate with no pair to count i
     The same, over the pairs whose 上联's last Han character is 仄 (tones 3-4), where the
     rule applies.
 ``pingze_opposition``
-    Per pair, the checked positions of the 上联 (``model.decoding.checked_positions``:
+    Per pair, the checked positions of the 上联 (``text.checked_positions``:
     within each clause, split at non-Han characters, the even positions counted 1-based
     from the clause start, and the clause's last character); positions where either
     line's character has no tone class (neutral tone, unknown, non-Han, or beyond the
@@ -41,8 +41,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from chunlian.model.decoding import checked_positions
-from chunlian.text import is_han, tone_class
+from chunlian.text import checked_positions, is_han, tone_class
 
 if TYPE_CHECKING:
     from chunlian.model.hengpi import HengpiSelector

@@ -1,0 +1,17 @@
+"""Small helpers the benchmarks share, free of torch (the load tools must not import it)."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+
+def sample_uppers() -> list[str]:
+    text = resources.files("chunlian.resources").joinpath("sample_uppers.txt").read_text(encoding="utf-8")
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
