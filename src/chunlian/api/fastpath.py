@@ -1,4 +1,4 @@
-"""The cache-hit fast path for ``POST /v1/couplets``, in front of the router.
+"""The fast path for plain ``POST /v1/couplets`` requests, in front of the router.
 
 On New Year's Eve most requests repeat a hot line and are cache hits, so their cost is the
 web framework's: routing, dependency solving, pydantic and the response class took about
@@ -9,16 +9,16 @@ it is a plain, valid request (the fields of ``CoupletIn`` with their exact types
 call, disconnect watch and error responses as the route (under overload most answers are
 429s, and they must stay cheap too). Anything else -- a bad body, an unusual field, a
 non-JSON content type, the service not ready -- goes on to the router with the body
-replayed, so every error is exactly the route's. Both paths build the cache key with ``cache_key`` from the same
-``CoupletRequest`` (``validate_upper`` normalises the text in both).
+replayed, so every error is exactly the route's. Both paths validate with ``CoupletIn`` and
+build the same ``CoupletRequest``, hence the same cache key.
 """
 
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import Any
 
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,47 +26,33 @@ from chunlian.api.errors import chunlian_error_logged as on_chunlian_error
 from chunlian.api.errors import json_bytes
 from chunlian.api.routes import couplet_json, unless_disconnected
 from chunlian.api.runtime import Runtime
-from chunlian.api.schemas import MAX_RAW_TEXT, MAX_SEED
+from chunlian.api.schemas import CoupletIn
 from chunlian.api.service import Answer
 from chunlian.errors import ChunlianError, InvalidInput
-from chunlian.model.styles import STYLES
-from chunlian.text import validate_upper
-from chunlian.types import CoupletRequest, DecodeParams
+from chunlian.types import CoupletRequest
 
 PATH = "/v1/couplets"
 _ROUTE = SimpleNamespace(path=PATH)  # the metrics' endpoint label, as the router would set it
-_FIELDS = frozenset({"upper", "style", "n", "seed", "regenerate", "timeout_ms"})
-
-
-def _int(v: Any) -> bool:
-    return type(v) is int  # bool is not a number here, as in the strict schema
+_FIELDS = frozenset(CoupletIn.model_fields)
 
 
 def plain_request(body: bytes) -> CoupletRequest | None:
-    """The request ``body`` asks for, when it is a plain valid one the cache can answer;
-    None sends it the long way (which also produces every error)."""
+    """The request ``body`` asks for, when it is a plain valid one (the route's own schema
+    and text rules, no unknown field, no ``regenerate``, ``n`` = 1); None sends it the long
+    way, which also produces every error."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):  # the route answers 422 for these
         return None
     if type(data) is not dict or not data.keys() <= _FIELDS:
         return None
-    upper, style = data.get("upper"), data.get("style", "traditional")
-    n, seed, timeout_ms = data.get("n", 1), data.get("seed"), data.get("timeout_ms")
-    if type(upper) is not str or len(upper) > MAX_RAW_TEXT or style not in STYLES:
-        return None
-    if not _int(n) or n != 1 or data.get("regenerate", False) is not False:
-        return None
-    if seed is not None and not (_int(seed) and 0 <= seed <= MAX_SEED):
-        return None
-    if timeout_ms is not None and not (_int(timeout_ms) and 10 <= timeout_ms <= 600_000):
-        return None
     try:
-        text = validate_upper(upper, "upper")
-    except InvalidInput:
+        parsed = CoupletIn.model_validate(data)
+        if parsed.regenerate or parsed.n != 1:
+            return None
+        return parsed.to_request()
+    except (ValidationError, InvalidInput):
         return None
-    return CoupletRequest(style=style, upper=text, params=DecodeParams(n=1, seed=seed),
-                          timeout_s=None if timeout_ms is None else timeout_ms / 1000.0)
 
 
 def _json_content(scope: Scope) -> bool:

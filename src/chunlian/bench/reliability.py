@@ -65,6 +65,8 @@ from typing import Any
 
 import httpx
 
+from chunlian.bench.loadgen import Samples, metric, parse_metrics
+
 HOST = "127.0.0.1"
 REDIS_PORT = 6379
 REDIS_START = [
@@ -351,28 +353,6 @@ def judge_hostile(out: Outcome, reply: Reply, sent: bytes | str, what: str, *,
 
 
 # ---- /metrics and /proc --------------------------------------------------------------------------
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_metrics(text: str) -> Samples:
-    out: Samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m:
-            with contextlib.suppress(ValueError):
-                out.setdefault(m.group(1), []).append((dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))))
-    return out
-
-
-def metric(samples: Samples, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels`` (0 when absent)."""
-    return sum(v for got, v in samples.get(name, ()) if all(got.get(k) == x for k, x in labels.items()))
-
 
 def scrape(url: str, timeout_s: float = 30.0) -> Samples:
     return parse_metrics(httpx.get(url + "/metrics", timeout=timeout_s).text)

@@ -189,9 +189,8 @@ class ModelRunner:
             if batched:
                 sel = torch.tensor(batched, device=logits.device)
                 choice[sel] = self._sample_top_k(logits[sel], [rows[b] for b in batched])
-            for b in sampled:
-                if b not in batched:
-                    choice[b] = self._sample(logits[b], rows[b])
+            for b in sorted(set(sampled) - set(batched)):
+                choice[b] = self._sample(logits[b], rows[b])
         chosen_lp = logp.gather(1, choice[:, None])[:, 0].tolist()
         choice_l = choice.tolist()
         finished: list[SeqOutput] = []

@@ -181,13 +181,14 @@ class Scheduler:
             return
         if not self.queue_depth:
             return
-        waiting_seqs = sum(r.n_seqs for q in self.waiting.values() for r in q)
         if self.live_seqs == 0:
             first = min(q[0].arrival_s for q in self.waiting.values() if q)
-            if waiting_seqs < cap and now_s < first + self.cfg.max_wait_ms / 1000.0:
+            if self._waiting_seqs(cap) < cap and now_s < first + self.cfg.max_wait_ms / 1000.0:
                 return  # idle: give the first request up to max_wait_ms to gather companions
-        elif cap - self.live_seqs < min(waiting_seqs, self.cfg.prefill_group):
-            return  # running: let newcomers join in groups (prefill grouping, docstring)
+        else:
+            group = self.cfg.prefill_group
+            if cap - self.live_seqs < self._waiting_seqs(group):
+                return  # running: let newcomers join in groups (prefill grouping, docstring)
         bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
         reserve = 0
         if bulk_q:
@@ -196,6 +197,16 @@ class Scheduler:
         inter_room = cap - self.live_seqs - reserve
         self._take(inter_q, inter_room, plan)
         self._take(bulk_q, cap - self.live_seqs, plan)
+
+    def _waiting_seqs(self, limit: int) -> int:
+        """Sequences waiting, counted up to ``limit`` (each step asks; the queue can be long)."""
+        n = 0
+        for q in self.waiting.values():
+            for r in q:
+                n += r.n_seqs
+                if n >= limit:
+                    return limit
+        return n
 
     def _take(self, q: deque[SchedRequest], room: int, plan: StepPlan) -> None:
         while q and q[0].n_seqs <= room:

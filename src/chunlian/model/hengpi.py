@@ -273,7 +273,7 @@ class HengpiSelector:
         }
         for row in copied:
             out[row] -= COPY_PENALTY
-        return np.asarray(out, dtype=np.float64)
+        return out  # type: ignore[no-any-return]
 
     def rank(self, upper: str, lower: str, style: str) -> list[tuple[str, float]]:
         """Every phrase with its score, best first (ties keep the file's order)."""
@@ -283,11 +283,9 @@ class HengpiSelector:
 
     def choose(self, upper: str, lower: str, style: str, seed: int | None = None) -> str:
         """The top phrase, or with ``seed`` a score-weighted draw among the top ``TOP_K``."""
-        scores = self._scores(upper, lower, style)
-        if seed is None:
-            return str(self.phrases[int(np.argmax(scores))])  # the first of equal maxima
-        order = np.argsort(-scores, kind="stable")[:TOP_K]
-        top = [(self.phrases[i], float(scores[i])) for i in order]
+        if seed is None:  # the hot path: the first of equal maxima, no full ranking
+            return str(self.phrases[int(np.argmax(self._scores(upper, lower, style)))])
+        top = self.rank(upper, lower, style)[:TOP_K]
         # Scores can be negative (cosine); shift so the weakest still has a small chance.
         low = min(s for _, s in top)
         weights = [s - low + 0.05 for _, s in top]
