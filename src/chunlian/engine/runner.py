@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,11 +103,25 @@ class ModelRunner:
     # ---- steps -------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]:
-        """Admit new sequences (at most the free rows) and emit their first token."""
+        """Admit new sequences (at most the free rows) and emit their first token.
+
+        Prompts are grouped by length (``prefill_chunks``) so that a mix of short and long
+        lines does not pad every short one to the longest.
+        """
         if not specs:
             return []
         if len(specs) > self.capacity - self.n_live:
             raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
+        out: list[SeqOutput] = []
+        for chunk in prefill_chunks(specs, self.tok_prefix_len):
+            out.extend(self._prefill(chunk))
+        return out
+
+    def tok_prefix_len(self, spec: SeqSpec) -> int:
+        """Prompt tokens of a sequence: the prefix, its prompt characters, SEP for a 下联."""
+        return PREFIX_LEN + len(spec.prompt_chars) + (spec.upper is not None)
+
+    def _prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]:
         tok = self.tok
         prompts: list[list[int]] = []
         roles: list[list[int]] = []
@@ -177,11 +192,8 @@ class ModelRunner:
         tok = self.tok
         sep_rows = [b for b, r in enumerate(rows) if r.pending_sep]
         states = [r.state for r in rows]
-        mask, bias, forced = self.constrainer.build(states, self.tone_bias)
-        logits = logits.float() + bias
-        logits = logits.masked_fill(~mask, float("-inf"))
-        logp = torch.log_softmax(logits, dim=-1)  # [B, V] renormalised over allowed tokens
-        choice = logp.argmax(dim=-1)
+        con = self.constrainer.apply(logits.float(), states, self.tone_bias)
+        logits, forced, choice = con.scores, con.forced, con.top_id  # [B, V], B, [B]
         sampled = [b for b, r in enumerate(rows) if r.gen is not None and forced[b] is None]
         if sampled:
             choice = choice.clone()
@@ -191,7 +203,11 @@ class ModelRunner:
                 choice[sel] = self._sample_top_k(logits[sel], [rows[b] for b in batched])
             for b in sorted(set(sampled) - set(batched)):
                 choice[b] = self._sample(logits[b], rows[b])
-        chosen_lp = logp.gather(1, choice[:, None])[:, 0].tolist()
+        # log-probability renormalised over the allowed tokens (forced rows are not scored)
+        # log-sum-exp around the row maximum found above (finite: a row always has a choice)
+        top = con.top_value[:, None]
+        lse = (logits - top).exp_().sum(dim=-1).log_() + con.top_value
+        chosen_lp = (logits.gather(1, choice[:, None])[:, 0] - lse).tolist()
         choice_l = choice.tolist()
         finished: list[SeqOutput] = []
         for b, r in enumerate(rows):
@@ -282,6 +298,39 @@ class ModelRunner:
             for o in self.decode():
                 out[o.seq_id] = o
         return out
+
+
+# Cost model of one prefill forward on this CPU (measured: 2-3 ms fixed, about 45 us per
+# prompt token at 2 threads), in prompt tokens: a split pays for itself when it saves more
+# padded tokens than this.
+PREFILL_FIXED_TOKENS = 56
+
+
+def prefill_chunks(specs: list[SeqSpec], length: Callable[[SeqSpec], int]) -> list[list[SeqSpec]]:
+    """Split a prefill into runs of similar prompt length, minimising padded tokens plus a
+    fixed cost per forward (dynamic programming over the distinct lengths, sorted)."""
+    by_len: dict[int, list[SeqSpec]] = {}
+    for s in specs:
+        by_len.setdefault(length(s), []).append(s)
+    lens = sorted(by_len)
+    counts = [len(by_len[n]) for n in lens]
+    # best[j]: cost of lengths[:j]; a chunk lens[i:j] costs FIXED + lens[j-1] * its rows
+    best = [0.0] + [math.inf] * len(lens)
+    cut = [0] * (len(lens) + 1)
+    for j in range(1, len(lens) + 1):
+        rows = 0
+        for i in range(j - 1, -1, -1):
+            rows += counts[i]
+            c = best[i] + PREFILL_FIXED_TOKENS + lens[j - 1] * rows
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    chunks: list[list[SeqSpec]] = []
+    j = len(lens)
+    while j > 0:
+        i = cut[j]
+        chunks.append([s for n in lens[i:j] for s in by_len[n]])
+        j = i
+    return chunks[::-1]
 
 
 def pick_device(requested: str) -> str:

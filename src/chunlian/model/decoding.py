@@ -56,6 +56,30 @@ def _wildcard_index(blocklist: Blocklist) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in index.items()}
 
 
+@lru_cache(maxsize=4096)
+def _roots(upper: str) -> tuple[int, ...]:
+    """For each position, the first position holding the same character (-1: not Han)."""
+    return tuple(upper.index(c) if is_han(c) else -1 for c in upper)
+
+
+@lru_cache(maxsize=4096)
+def _han_set(line: str) -> frozenset[str]:
+    return frozenset(c for c in line if is_han(c))
+
+
+@lru_cache(maxsize=16384)
+def _windows(upper: str, j: int, max_len: int) -> tuple[tuple[int, int], ...]:
+    """Every window (start, end) of 2..``max_len`` characters holding a repeat of ``j``."""
+    n = len(upper)
+    copies = [p for p in range(j, n) if upper[p] == upper[j]]
+    return tuple(sorted({
+        (s, s + size)
+        for p in copies
+        for size in range(2, max_len + 1)
+        for s in range(max(0, p - size + 1), min(p, n - size) + 1)
+    }))
+
+
 def lookahead_banned(
     upper: str, lower: str, lower_forced: dict[int, str], blocklist: Blocklist
 ) -> set[str]:
@@ -65,31 +89,22 @@ def lookahead_banned(
     if not blocklist.multi:
         return set()
     j = len(lower)
-
-    def resolve(p: int) -> str:  # "" = not determined yet (or punctuation)
-        if not is_han(upper[p]):
-            return ""
-        root = upper.index(upper[p])
-        if root < j:
-            return lower[root]
-        if root == j:
-            return _WILD
-        return lower_forced.get(root, "")
-
+    roots = _roots(upper)
     index = _wildcard_index(blocklist)
-    n = len(upper)
-    copies = [p for p in range(j, n) if upper[p] == upper[j]]
-    windows = {
-        (s, s + size)
-        for p in copies
-        for size in range(2, blocklist.max_len + 1)
-        for s in range(max(0, p - size + 1), min(p, n - size) + 1)
-    }
     out: set[str] = set()
-    for s, e in windows:
-        chars = [resolve(q) for q in range(s, e)]
-        if "" not in chars:
-            out |= index.get("".join(chars), frozenset())
+    for s, e in _windows(upper, j, blocklist.max_len):
+        chars: list[str] = []
+        # from the end: later positions are the ones most often still undetermined
+        for q in range(e - 1, s - 1, -1):
+            root = roots[q]
+            if root < 0:
+                break
+            c = lower[root] if root < j else _WILD if root == j else lower_forced.get(root, "")
+            if not c:
+                break
+            chars.append(c)
+        else:
+            out |= index.get("".join(reversed(chars)), frozenset())
     return out
 
 
@@ -127,12 +142,13 @@ class LineState:
         u = self.upper
         if not is_han(u[j]):
             return u[j], set(), WANT_NONE, False
-        first = u.index(u[j])
+        first = _roots(u)[j]
         if first < j:
             return self.lower[first], set(), WANT_NONE, False
         if j in self.lower_forced:
             return self.lower_forced[j], set(), WANT_NONE, False
-        banned = {c for c in u if is_han(c)} | {c for c in self.lower if is_han(c)}
+        banned = set(_han_set(u))
+        banned |= _han_set(self.lower)
         banned |= blocklist.banned_next(self.lower)
         banned |= lookahead_banned(u, self.lower, self.lower_forced, blocklist)
         last = len(u) - 1
@@ -153,6 +169,17 @@ class LineState:
                 self.phase = "lower"
         else:
             self.lower += ch
+
+
+@dataclass(frozen=True)
+class Constrained:
+    """One step's constrained scores: ``scores [B, V]``, ``top_value``/``top_id [B]``
+    (the greedy choice) and the forced character of each row (None: the model chooses)."""
+
+    scores: Tensor
+    top_value: Tensor
+    top_id: Tensor
+    forced: list[str | None]
 
 
 class Constrainer:
@@ -184,53 +211,83 @@ class Constrainer:
         self.style_bias = style_bias.to(device)  # last row: no style
         self.style_index = {s: i for i, s in enumerate(STYLES)}
         self.device = device
+        self._tables: dict[float, Tensor] = {}  # tone_bias -> table (``_table``)
         _wildcard_index(blocklist)  # built now, not inside the first request's step
 
     def char_id(self, ch: str) -> int:
         return self.tok.stoi.get(ch, self.tok.unk_id)
 
-    def build(self, states: list[LineState], tone_bias: float) -> tuple[Tensor, Tensor, list[str | None]]:
-        """Mask ``[B, V]`` (True = allowed), bias ``[B, V]`` and the forced char per row."""
-        B = len(states)
-        mask = self.allowed_han.expand(B, -1).clone()
-        want = torch.zeros(B, dtype=torch.long)
-        hard_rows: list[int] = []
-        hard_tone: list[int] = []
+    def _table(self, tone_bias: float) -> Tensor:
+        """Additive rows ``[(styles+1) * 3 * 2, V]``: style bias + tone bias, ``-inf`` on
+        tokens that are never allowed (special, non-Han, banned single characters) and, in
+        the *hard* rows, on the wrong tone. Row ``(style * 3 + want) * 2 + hard``."""
+        table = self._tables.get(tone_bias)
+        if table is None:
+            neg = torch.zeros_like(self.style_bias[0]).masked_fill(~self.allowed_han, float("-inf"))
+            rows = []
+            for s in range(self.style_bias.shape[0]):
+                for w in range(3):
+                    soft = self.style_bias[s] + tone_bias * self.tone_tables[w].float() + neg
+                    hard = soft.masked_fill(~self.tone_tables[w], float("-inf")) if w else soft
+                    rows += [soft, hard]
+            table = torch.stack(rows)
+            self._tables[tone_bias] = table
+        return table
+
+    def apply(self, logits: Tensor, states: list[LineState], tone_bias: float) -> Constrained:
+        """Constrained scores ``[B, V]`` (``-inf`` = not allowed), their row maxima and
+        the forced char per row.
+
+        One gathered table row per sequence plus an index-put of its banned characters,
+        then one max pass: a few passes over ``[B, V]`` whatever the batch holds. A forced
+        row's scores are its unconstrained ones: the caller emits the forced character
+        without scoring it.
+        """
+        n_styles = len(STYLES)
+        idx: list[int] = []
+        soft_idx: list[int] = []
         rows: list[int] = []
         cols: list[int] = []
         forced: list[str | None] = []
+        stoi = self.tok.stoi
         for b, st in enumerate(states):
             f, banned, w, hard = st.next_rule(self.blocklist)
             forced.append(f)
+            s = self.style_index.get(st.style, n_styles)
             if f is not None:
-                continue
-            want[b] = w
-            if hard:
-                hard_rows.append(b)
-                hard_tone.append(w)
+                w, hard = WANT_NONE, False
+            soft_idx.append((s * 3 + w) * 2)
+            idx.append(soft_idx[-1] + int(hard))
             for ch in banned:
-                i = self.tok.stoi.get(ch)
+                i = stoi.get(ch)
                 if i is not None:
                     rows.append(b)
                     cols.append(i)
+        table = self._table(tone_bias)
+        scores = table.index_select(0, torch.tensor(idx, device=self.device)).add_(logits)
         if rows:
-            mask[torch.tensor(rows), torch.tensor(cols)] = False
-        if hard_rows:
-            hr = torch.tensor(hard_rows)
-            tone_ok = self.tone_tables[torch.tensor(hard_tone)]  # [H, V]
-            restricted = mask[hr] & tone_ok
-            # keep the rule only where it leaves a choice (vocabulary holes never dead-end)
-            keep = restricted.any(dim=1)
-            mask[hr[keep]] = restricted[keep]
-        dead = ~mask.any(dim=1)
+            scores[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
+        top_value, top_id = scores.max(dim=1)  # [B]: first of equal maxima, like argmax
+        dead = ~torch.isfinite(top_value)
         if bool(dead.any()):
-            # no character satisfies every rule (only possible with a tiny vocabulary):
-            # fall back to any Han character rather than emit a special token
-            mask[dead] = self.allowed_han
-        style_rows = torch.tensor([self.style_index.get(s.style, len(STYLES)) for s in states])
-        bias = self.style_bias[style_rows] + tone_bias * self.tone_tables[want].float()
-        for b, f in enumerate(forced):
-            if f is not None:
-                mask[b] = False
-                mask[b, self.char_id(f)] = True
-        return mask.to(self.device), bias.to(self.device), forced
+            self._revive(scores, logits, table, dead, idx, soft_idx, rows, cols)
+            top_value, top_id = scores.max(dim=1)
+        return Constrained(scores, top_value, top_id, forced)
+
+    def _revive(
+        self, scores: Tensor, logits: Tensor, table: Tensor, dead: Tensor, idx: list[int], soft_idx: list[int],
+        rows: list[int], cols: list[int],
+    ) -> None:
+        """Rows left with no allowed token: drop the hard tone rule first (it yields where
+        it leaves no choice), then every ban (only possible with a tiny vocabulary)."""
+        for b in dead.nonzero()[:, 0].tolist():
+            soft = table[soft_idx[b]] + logits[b]
+            if idx[b] != soft_idx[b]:  # a hard row: retry without the tone restriction
+                banned = [c for r, c in zip(rows, cols, strict=True) if r == b]
+                retry = soft.clone()
+                if banned:
+                    retry[torch.tensor(banned, device=self.device)] = float("-inf")
+                if bool(torch.isfinite(retry.amax())):
+                    scores[b] = retry
+                    continue
+            scores[b] = soft
