@@ -32,8 +32,9 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     model_path: Path | None = None  # None: the weights shipped in the package
     device: Literal["cpu", "cuda", "auto"] = "auto"
-    # 0 = 1: a second intra-op thread spins on the core the web server needs under overload
-    # (measured: docs/benchmarks.md); raise it on machines with cores to spare
+    # 0 = auto: the machine's cores, at most 4 (a 4 M-parameter model gains little beyond).
+    # `chunlian serve` makes idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE) so that
+    # they do not spin on the core the web server needs (docs/benchmarks.md)
     torch_threads: int = Field(0, ge=0, le=256)
     # run the engine core (model, scheduler) in its own process (engine.process): the web
     # server and the engine then hold separate interpreter locks and can use separate cores.
@@ -88,6 +89,10 @@ class Settings(BaseSettings):
     @property
     def api_key_set(self) -> frozenset[str]:
         return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
+
+    def resolved_torch_threads(self) -> int:
+        """``torch_threads``, with 0 resolved to the machine's cores (at most 4)."""
+        return self.torch_threads or max(1, min(4, os.cpu_count() or 1))
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -161,7 +161,9 @@ def test_unknown_style_is_refused() -> None:
 
 
 def test_character_vectors_add_cosine_similarity() -> None:
-    vec = {"甲": [1.0, 0.0], "乙": [1.0, 0.0], "山": [1.0, 0.0], "秀": [1.0, 0.0], "财": [0.0, 1.0]}
+    # non-Han entries (letters, punctuation) come first, as in a model vocabulary
+    vec = {"A": [0.0, 1.0], "，": [0.0, 1.0], "甲": [1.0, 0.0], "乙": [1.0, 0.0],
+           "山": [1.0, 0.0], "秀": [1.0, 0.0], "财": [0.0, 1.0]}
     plain = HengpiSelector.from_resources()
     with_vec = HengpiSelector.from_resources(char_vectors=vec)
     upper, lower = "甲甲", "乙乙"

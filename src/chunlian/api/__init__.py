@@ -9,6 +9,7 @@ Layout (one idea per module): ``schemas`` (the API's shapes), ``routes`` (handle
 from __future__ import annotations
 
 import logging
+import os
 
 from chunlian.api.app import create_app
 from chunlian.config import Settings
@@ -32,6 +33,10 @@ def serve(settings: Settings) -> None:
     """
     import uvicorn
 
+    # Idle OpenMP threads sleep instead of spinning: the engine's intra-op threads then
+    # leave the cores to the web server between ops (set before torch is first imported;
+    # an explicit OMP_WAIT_POLICY wins).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     configure_logging(settings.log_level)
     config = uvicorn.Config(
         create_app(settings),

@@ -134,8 +134,7 @@ class Engine:
         from chunlian.model.checkpoint import load_weights
         from chunlian.model.hengpi import HengpiSelector
 
-        threads = settings.torch_threads or 1
-        torch.set_num_threads(threads)
+        torch.set_num_threads(settings.resolved_torch_threads())
         device = settings.resolved_device()
         loaded = load_weights(settings.model_path, device)
         runner = ModelRunner(loaded, capacity=settings.max_batch_size, device=device)

@@ -177,21 +177,29 @@ class HengpiSelector:
         self._chars = [frozenset(e.phrase) for e in kept]
         self._themes = [e.themes | themes_of(e.phrase) for e in kept]
         # The scoring tables, so that ``scores`` is a few array operations (it runs once per
-        # generated couplet on the engine thread): [phrase, char] rarity weights where the
-        # phrase holds the char; [phrase, theme] 0/1; per-style bonus; phrase -> row.
+        # generated couplet on the engine thread): per phrase its characters' columns and
+        # rarity weights; [phrase, theme] 0/1; per-style bonus; phrase -> row.
         self._char_col = {c: k for k, c in enumerate(sorted(df))}
-        self._char_mat = np.zeros((n, len(self._char_col)))
         self._theme_mat = np.zeros((n, len(THEMES)))
         for i in range(n):
-            for c in self._chars[i]:
-                self._char_mat[i, self._char_col[c]] = self.char_weight[c]
             for t in self._themes[i]:
                 self._theme_mat[i, THEMES.index(t)] = 1.0
+        # distinct characters, padded to the longest phrase with a column that is never present
+        width = max(len(c) for c in self._chars)
+        pad = len(self._char_col)
+        self._phrase_cols = np.full((n, width), pad)
+        self._phrase_w = np.zeros((n, width))
+        for i, chars in enumerate(self._chars):
+            for k, c in enumerate(sorted(chars)):
+                self._phrase_cols[i, k] = self._char_col[c]
+                self._phrase_w[i, k] = self.char_weight[c]
         self._style_bonus = {
             s: np.array([STYLE_WEIGHT if s in e.styles else 0.0 for e in kept]) for s in STYLES
         }
         self._row_of = {p: i for i, p in enumerate(self.phrases)}
         self._vectors: dict[str, npt.NDArray[np.float64]] = {}
+        self._vec_row: dict[str, int] = {}
+        self._vec_mat: npt.NDArray[np.float64] = np.zeros((0, 0))
         self._phrase_vecs: npt.NDArray[np.float64] | None = None
         if char_vectors is not None:
             self._set_vectors(char_vectors)
@@ -201,6 +209,9 @@ class HengpiSelector:
         # characters looked up per request.
         self._vectors = {c: np.asarray(v, dtype=np.float64) for c, v in char_vectors.items()}
         dim = len(next(iter(self._vectors.values()))) if self._vectors else 0
+        # the same vectors as one matrix: a text's mean is one gather and one reduction
+        self._vec_row = {c: i for i, c in enumerate(c for c in self._vectors if is_han(c))}
+        self._vec_mat = np.stack([self._vectors[c] for c in self._vec_row]) if self._vec_row else np.zeros((0, dim))
         rows = []
         for phrase in self.phrases:
             m = self._mean_unit(phrase)
@@ -208,10 +219,10 @@ class HengpiSelector:
         self._phrase_vecs = np.stack(rows) if dim else None
 
     def _mean_unit(self, text: str) -> npt.NDArray[np.float64] | None:
-        vs = [self._vectors[c] for c in text if c in self._vectors and is_han(c)]
-        if not vs:
+        rows = [i for c in text if (i := self._vec_row.get(c)) is not None]
+        if not rows:
             return None
-        m = np.mean(vs, axis=0)
+        m = self._vec_mat[rows].mean(axis=0)
         norm = float(np.linalg.norm(m))
         return m / norm if norm > 0 else None
 
@@ -251,11 +262,12 @@ class HengpiSelector:
             raise ValueError(f"unknown style {style!r}; expected one of {', '.join(STYLES)}")
         text = "".join(c for c in upper + lower if is_han(c))
         n = len(self.phrases)
-        cols = sorted({self._char_col[c] for c in text if c in self._char_col})
-        overlap = np.zeros(n)
-        if cols:  # weights are >= 0: the top MAX_OVERLAP_CHARS of each row are the shared ones
-            shared = np.sort(self._char_mat[:, cols], axis=1)
-            overlap = shared[:, -MAX_OVERLAP_CHARS:].sum(axis=1)
+        present = np.zeros(len(self._char_col) + 1, dtype=bool)  # last column: padding
+        present[[self._char_col[c] for c in text if c in self._char_col]] = True
+        # each phrase's own (at most PHRASE_LEN) characters that the couplet shares; the
+        # top MAX_OVERLAP_CHARS of their rarity weights
+        shared = np.sort(np.where(present[self._phrase_cols], self._phrase_w, 0.0), axis=1)
+        overlap = shared[:, -MAX_OVERLAP_CHARS:].sum(axis=1)
         profile = theme_profile(text)
         theme = self._theme_mat @ np.array([profile.get(t, 0.0) for t in THEMES])
         sem = np.zeros(n)
