@@ -38,7 +38,9 @@ async def test_couplet_then_cached_repeat() -> None:
         assert {k: b2[k] for k in ("upper", "lower", "hengpi")} == {k: b1[k] for k in ("upper", "lower", "hengpi")}
         assert len(h.engine.calls) == 1  # the repeat never reached the engine
         req = h.engine.calls[0]
-        assert req.params.greedy and req.priority == "interactive" and req.timeout_s is None
+        assert req.params.greedy and req.priority == "interactive"
+        # the default deadline, less the time the request already spent in the service
+        assert 0 < req.timeout_s <= h.runtime.settings.default_timeout_ms / 1000
 
 
 async def test_candidates_only_when_n_above_one_and_timeout_passed_on() -> None:
@@ -48,7 +50,7 @@ async def test_candidates_only_when_n_above_one_and_timeout_passed_on() -> None:
         assert r.status_code == 200 and len(body["candidates"]) == 3
         assert body["candidates"][0]["lower"] == body["lower"]
         assert set(body["candidates"][0]) == {"upper", "lower", "hengpi", "style"}
-        assert h.engine.calls[0].timeout_s == pytest.approx(2.5)
+        assert 2.0 < h.engine.calls[0].timeout_s <= 2.5  # less the time already spent
         assert h.engine.calls[0].params.n == 3
 
 
@@ -371,3 +373,35 @@ def test_fast_path_takes_only_plain_valid_requests() -> None:
                  '{"upper": "春回大地", "timeout_ms": 5}', '{"upper": "春回大地", "extra": 1}',
                  '[1]', 'nope', '[' * 3000 + ']' * 3000]:
         assert plain_request(body.encode()) is None, body  # the route answers these
+
+
+async def test_deadline_counts_from_arrival_before_and_after_the_engine() -> None:
+    import time
+
+    from chunlian.api.service import CoupletService
+    from chunlian.cache import MemoryStore, ResultCache
+    from chunlian.types import CoupletRequest
+
+    engine = FakeEngine()
+    engine.started = True
+    svc = CoupletService(engine, ResultCache([MemoryStore(16)], ttl_s=60), default_timeout_s=0.5)
+    # the budget was spent before the engine (say, in the server's queue): never generated
+    with pytest.raises(DeadlineExceeded, match="before generation"):
+        await svc.generate(CoupletRequest(upper="春回大地"), arrival_s=time.perf_counter() - 0.6)
+    assert engine.calls == []
+    # the engine got what was left of the request's own timeout
+    await svc.generate(CoupletRequest(upper="春回大地", timeout_s=2.0), arrival_s=time.perf_counter() - 0.5)
+    assert 1.0 < engine.calls[-1].timeout_s <= 1.5
+
+
+async def test_an_answer_ready_after_the_deadline_is_504_and_cached() -> None:
+    engine = FakeEngine()
+    engine.hold = asyncio.Event()
+    async with running_app(engine) as h:
+        late = asyncio.create_task(h.client.post("/v1/couplets", json={"upper": "春回大地", "timeout_ms": 50}))
+        await asyncio.sleep(0.15)  # the fake engine ignores deadlines: it answers late
+        engine.hold.set()
+        assert_error(await late, 504, "deadline_exceeded")
+        again = await h.client.post("/v1/couplets", json={"upper": "春回大地"})
+        assert again.status_code == 200 and again.json()["cached"] is True
+        assert len(engine.calls) == 1

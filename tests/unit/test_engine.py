@@ -14,6 +14,7 @@ import pytest
 
 from chunlian.config import load_settings
 from chunlian.engine.engine import Engine
+from chunlian.engine.rates import RateWindow
 from chunlian.errors import Cancelled, DeadlineExceeded, EngineStopped, ModelError, Overloaded
 from chunlian.types import CoupletRequest, DecodeParams
 from tests.unit.fakes import FakeRunner
@@ -147,6 +148,17 @@ async def test_overload_carries_retry_after() -> None:
         with pytest.raises(Overloaded) as exc:
             await eng.generate(CoupletRequest(upper="万事如意"))
         assert exc.value.retry_after_s >= 1.0
+        # clients pushing past a full queue stretch the advice: each rejected client returns
+        for t in range(50):
+            eng._done.add(1000.0 + t * 0.2)  # a drain of 5 per second
+        eng._rejected = RateWindow(10)
+        quiet = eng.retry_after_s(now_s=1009.9)
+        for t in range(500):
+            eng._rejected.add(1000.0 + t * 0.02)  # 50 rejections per second
+        stormy = eng.retry_after_s(now_s=1009.9)
+        rate = 50 / 9.9
+        assert quiet == pytest.approx(max(1.0, 1 / rate))  # one request waiting
+        assert stormy == pytest.approx(max(1.0, 1 / rate * (1 + 50 / rate)))  # ~11x the pressure
         runner.gate.set()
         await asyncio.gather(first, second)
     finally:

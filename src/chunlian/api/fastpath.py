@@ -103,7 +103,8 @@ class CacheHitFastPath:
         # under overload most of these answers are 429s, and they must stay cheap
         request = Request(scope, _replay(body, None, receive))
         try:
-            answer = await unless_disconnected(request, svc.generate(req))
+            arrival_s = scope.get("state", {}).get("arrival_s")
+            answer = await unless_disconnected(request, svc.generate(req, arrival_s=arrival_s))
         except ChunlianError as e:
             await on_chunlian_error(request, e)(scope, receive, send)
             return

@@ -69,7 +69,9 @@ class ServiceMiddleware:
             return
         start = time.perf_counter()
         request_id = self._request_id(scope)
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["arrival_s"] = start  # deadlines count from here (api.service)
         extra = [(b"x-request-id", request_id.encode("ascii")), (b"x-chunlian-instance", self.instance)]
         status = 500
         started = False

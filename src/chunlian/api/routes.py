@@ -122,7 +122,8 @@ async def _answer(request: Request, svc: CoupletService, req: CoupletRequest, re
         hit = await svc.cached(req)
         if hit is not None:
             return hit
-    return await unless_disconnected(request, svc.generate(req, regenerate=regenerate))
+    arrival_s = getattr(request.state, "arrival_s", None)
+    return await unless_disconnected(request, svc.generate(req, regenerate=regenerate, arrival_s=arrival_s))
 
 
 @router.post("/v1/couplets", response_model=CoupletOut, responses=_ERRORS, tags=["couplets"])

@@ -5,16 +5,24 @@
 * ``regenerate`` samples with a fresh random seed, skips the cache read, and writes
   nothing, so the cached default answer is never replaced.
 Identical concurrent misses are merged by the engine's coalescing, not here.
+
+Deadlines count from the request's arrival (``arrival_s``, ``time.perf_counter()`` when the
+app first saw it): the engine gets what is left of the budget, a request whose budget is
+already spent never reaches it, and an answer ready only after the deadline is cached but
+answered as ``DeadlineExceeded`` (under a connection storm the event loop itself can hold a
+request for a while before and after the engine).
 """
 
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from chunlian.cache import ResultCache, cache_key
+from chunlian.errors import DeadlineExceeded
 from chunlian.types import CoupletRequest, CoupletResult
 
 
@@ -52,9 +60,10 @@ class Answer:
 class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
-    def __init__(self, engine: EngineLike, cache: ResultCache) -> None:
+    def __init__(self, engine: EngineLike, cache: ResultCache, default_timeout_s: float = 30.0) -> None:
         self.engine = engine
         self.cache = cache
+        self.default_timeout_s = default_timeout_s
 
     @property
     def model_tag(self) -> str:
@@ -66,19 +75,36 @@ class CoupletService:
         hit = await self.cache.get(cache_key(self.engine.model_tag, req))
         return None if hit is None else Answer(hit, True)
 
-    async def generate(self, req: CoupletRequest, *, regenerate: bool = False) -> Answer:
-        """Generate ``req`` and cache the result (``regenerate``: fresh seed, no write)."""
+    async def generate(
+        self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None
+    ) -> Answer:
+        """Generate ``req`` and cache the result (``regenerate``: fresh seed, no write).
+
+        With ``arrival_s`` the deadline counts from then (module docstring)."""
+        deadline_s = None
+        if arrival_s is not None:
+            timeout_s = req.timeout_s if req.timeout_s is not None else self.default_timeout_s
+            deadline_s = arrival_s + timeout_s
+            left_s = deadline_s - time.perf_counter()
+            if left_s <= 0:
+                raise DeadlineExceeded(f"deadline of {timeout_s:.3f} s passed before generation began")
+            req = replace(req, timeout_s=left_s)
         if regenerate:
             fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
-            return Answer(await self.engine.generate(fresh), False)
-        result = await self.engine.generate(req)
-        await self.cache.put(cache_key(self.engine.model_tag, req), result)
+            result = await self.engine.generate(fresh)
+        else:
+            result = await self.engine.generate(req)
+            await self.cache.put(cache_key(self.engine.model_tag, req), result)
+        if deadline_s is not None and time.perf_counter() > deadline_s:
+            raise DeadlineExceeded("deadline passed while the answer was on its way (it is cached)")
         return Answer(result, False)
 
-    async def answer(self, req: CoupletRequest, *, regenerate: bool = False) -> Answer:
+    async def answer(
+        self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None
+    ) -> Answer:
         """The cached answer when there is one (unless ``regenerate``), else a new one."""
         if not regenerate:
             hit = await self.cached(req)
             if hit is not None:
                 return hit
-        return await self.generate(req, regenerate=regenerate)
+        return await self.generate(req, regenerate=regenerate, arrival_s=arrival_s)

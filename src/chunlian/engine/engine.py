@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from chunlian.config import Settings
+from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import SeqOutput, SeqSpec, expand
 from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
 from chunlian.errors import (
@@ -37,6 +38,9 @@ from chunlian.errors import (
 )
 from chunlian.model.rerank import build_result
 from chunlian.types import CoupletRequest, CoupletResult
+
+RATE_WINDOW_S = 10  # drain and rejection rates are measured over this many seconds
+MAX_RETRY_AFTER_S = 60.0
 
 log = logging.getLogger("chunlian.engine")
 
@@ -118,7 +122,8 @@ class Engine:
         self._inflight: dict[str, _Pending] = {}  # identity -> pending (event-loop side)
         self._ids = itertools.count(1)
         self._seq_ids = itertools.count(1)
-        self._done_times: deque[float] = deque(maxlen=512)
+        self._done = RateWindow(RATE_WINDOW_S)  # completed requests (engine thread)
+        self._rejected = RateWindow(RATE_WINDOW_S)  # queue-full rejections (event loop)
         self._listeners: list[Callable[[StepReport], None]] = []
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -164,16 +169,19 @@ class Engine:
 
     def drain_rate_per_s(self) -> float:
         """Requests completed per second over the recent window (0 when unknown)."""
-        now = time.monotonic()
-        recent = [t for t in self._done_times if now - t <= 10.0]
-        if len(recent) < 2:
-            return 0.0
-        return len(recent) / max(now - recent[0], 1e-3)
+        return self._done.per_s(time.monotonic())
 
-    def retry_after_s(self) -> float:
-        rate = self.drain_rate_per_s()
-        depth = self.scheduler.queue_depth
-        return min(60.0, max(1.0, depth / rate)) if rate > 0 else 1.0
+    def retry_after_s(self, now_s: float | None = None) -> float:
+        """When a rejected client should come back: the queue's drain time, stretched by the
+        pressure on it (every rejected client returns, so with ``r`` rejections per second
+        against a drain of ``d`` per second a retry meets about ``1 + r/d`` times the queue).
+        Spreading the retries this way keeps a storm of 429s from becoming the load."""
+        now = time.monotonic() if now_s is None else now_s
+        rate = self._done.per_s(now)
+        if rate <= 0:
+            return 1.0
+        pressure = 1.0 + self._rejected.count(now) / RATE_WINDOW_S / rate
+        return min(MAX_RETRY_AFTER_S, max(1.0, self.scheduler.queue_depth / rate * pressure))
 
     # ---- the public call ------------------------------------------------------------------------
     async def generate(self, req: CoupletRequest) -> CoupletResult:
@@ -216,6 +224,7 @@ class Engine:
                 self.scheduler.add(sr)
             except QueueFull:
                 self.stats.rejected += 1
+                self._rejected.add(now)
                 raise Overloaded(
                     f"queue full ({self.settings.max_queue_size} waiting)", self.retry_after_s()
                 ) from None
@@ -315,7 +324,7 @@ class Engine:
                 log.exception("post-processing failed")
                 self._complete(p, error=ModelError(f"post-processing failed: {type(e).__name__}"))
             else:
-                self._done_times.append(time.monotonic())
+                self._done.add(time.monotonic())
                 self._complete(p, result=result)
 
     def _drop(self, req_ids: list[int], error: ChunlianError, kind: str) -> None:
