@@ -129,6 +129,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(data_dir=args.data, out_dir=args.out, export_path=args.export)
     if args.max_steps:
         cfg.max_steps = args.max_steps
+    for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs"):
+        value = getattr(args, name)
+        if value not in (None, False):
+            setattr(cfg, name, value)
     cfg.device = args.device if args.device != "auto" else _auto_device()
     summary = train(cfg, progress=not args.quiet)
     _dump({k: v for k, v in summary.items() if k != "history"})
@@ -232,6 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--export", default="runs/train/latest.safetensors")
     t.add_argument("--max-steps", type=int, default=0)
     t.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    t.add_argument("--bf16", action="store_true", help="bf16 autocast (CPUs with AMX or AVX-512 bf16, cuda)")
+    t.add_argument("--init-from", default=None, help="continue from exported weights (.safetensors)")
+    t.add_argument("--step-offset", type=int, default=None, help="steps behind --init-from (version name)")
+    t.add_argument("--lr-max", type=float, default=None)
+    t.add_argument("--warmup-steps", type=int, default=None)
+    t.add_argument("--batch-pairs", type=int, default=None)
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(fn=cmd_train)
 

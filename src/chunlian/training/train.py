@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from chunlian.data.corpus import Pair, read_pairs
-from chunlian.model.checkpoint import save_weights
+from chunlian.model.checkpoint import load_weights, save_weights
 from chunlian.model.styles import derive_style
 from chunlian.model.tokenizer import Tokenizer, sequence_roles
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
@@ -46,7 +46,14 @@ class TrainConfig:
     eval_pairs: int = 1000
     seed: int = 1234
     device: str = "cpu"
-    bf16: bool = False  # no AVX-512/AMX on this CPU: bf16 is emulated and slow
+    # bf16 autocast: fast where the CPU has AMX/AVX-512 bf16 (or on cuda); emulated and
+    # slow on an AVX2-only CPU (the first run's machine)
+    bf16: bool = False
+    # start from these exported weights (their vocabulary and ModelConfig) with a fresh
+    # optimiser and schedule, instead of from a random initialisation
+    init_from: str | None = None
+    # steps already behind the weights of init_from, for the version name (stepN)
+    step_offset: int = 0
     n_layer: int = 6
     n_head: int = 6
     d_model: int = 192
@@ -151,12 +158,17 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
     val_eval = random.Random(cfg.seed).sample(val_pairs, min(cfg.eval_pairs, len(val_pairs)))
     ckpt_path = out / "ckpt.pt"
     state = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path.exists() else None
+    init = load_weights(Path(cfg.init_from), "cpu") if cfg.init_from else None
     if state is not None:
         tok = Tokenizer(state["vocab"])
+    elif init is not None:
+        tok = init.tokenizer
     else:
         tok = Tokenizer.build(p.upper + p.lower for p in train_pairs)
-    mcfg = ModelConfig(len(tok), cfg.n_layer, cfg.n_head, cfg.d_model, cfg.d_ff)
+    mcfg = init.model.cfg if init is not None else ModelConfig(len(tok), cfg.n_layer, cfg.n_head, cfg.d_model, cfg.d_ff)
     model = CoupletTransformer(mcfg).to(cfg.device)
+    if init is not None and state is None:
+        model.load_state_dict(init.model.state_dict())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -186,7 +198,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
             tmp,
         )
         os.replace(tmp, ckpt_path)
-        save_weights(Path(cfg.export_path), model, tok, version=f"step{step}",
+        save_weights(Path(cfg.export_path), model, tok, version=f"step{cfg.step_offset + step}",
                      extra={"train_cfg": json.dumps(asdict(cfg))})
 
     loss_ema = None

@@ -1,0 +1,55 @@
+"""Training on a toy corpus: export, resume from a checkpoint, continue from exported weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from chunlian.model.checkpoint import load_weights
+from chunlian.training.train import TrainConfig, train
+
+PAIRS = [("春回大地", "福满人间"), ("天增岁月", "人满乾坤"), ("一帆风顺", "万事如意"),
+         ("花开富贵", "竹报平安"), ("山清水秀", "人寿年丰"), ("国泰民安", "家和业兴")]
+
+
+def _data(tmp: Path) -> Path:
+    d = tmp / "data"
+    d.mkdir()
+    rows = [f"{u}\t{lo}\tmodern\n" for u, lo in PAIRS]
+    (d / "train.tsv").write_text("upper\tlower\tregister\n" + "".join(rows[2:]), encoding="utf-8")
+    (d / "val.tsv").write_text("upper\tlower\tregister\n" + "".join(rows[:2]), encoding="utf-8")
+    return d
+
+
+def _cfg(tmp: Path, name: str, **kw: object) -> TrainConfig:
+    torch.set_num_threads(1)
+    base = dict(data_dir=str(tmp / "data"), out_dir=str(tmp / name), export_path=str(tmp / name / "w.safetensors"),
+                max_steps=4, batch_pairs=4, warmup_steps=1, eval_every=2, ckpt_every=2, eval_pairs=2,
+                classical_share=0.0, n_layer=1, n_head=2, d_model=16, d_ff=32)
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def test_train_exports_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    _data(tmp_path)
+    first = train(_cfg(tmp_path, "a"), progress=False)
+    assert first["steps"] == 4 and [h["step"] for h in first["history"]] == [2, 4]
+    assert load_weights(tmp_path / "a" / "w.safetensors").version == "step4"
+    again = train(_cfg(tmp_path, "a", max_steps=6), progress=False)  # same out dir: resumes
+    assert [h["step"] for h in again["history"]] == [2, 4, 6]
+    assert load_weights(tmp_path / "a" / "w.safetensors").version == "step6"
+
+
+def test_init_from_starts_at_the_exported_weights(tmp_path: Path) -> None:
+    _data(tmp_path)
+    train(_cfg(tmp_path, "a"), progress=False)
+    src = tmp_path / "a" / "w.safetensors"
+    # a learning rate of zero leaves the weights where they started: at the export, not random
+    train(_cfg(tmp_path, "b", init_from=str(src), step_offset=4, max_steps=2, lr_max=0.0, lr_min=0.0,
+               d_model=32), progress=False)  # the exported ModelConfig wins over these fields
+    before, after = load_weights(src), load_weights(tmp_path / "b" / "w.safetensors")
+    assert after.version == "step6" and after.model.cfg == before.model.cfg
+    assert after.tokenizer.itos == before.tokenizer.itos
+    for (name, a), (_, b) in zip(before.model.state_dict().items(), after.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
