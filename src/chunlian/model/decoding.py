@@ -2,7 +2,8 @@
 
 Each sequence carries a ``LineState`` (pure Python) that knows, for the next position,
 whether a token is forced, which tokens are banned and which tone is wanted. ``Constrainer``
-turns a batch of those into one boolean mask and one bias tensor ``[B, V]``.
+applies a batch of those to the logits ``[B, V]``: one precomputed additive row per sequence
+(style and tone biases, ``-inf`` on what is never allowed) plus ``-inf`` on its bans.
 
 Rules for the 下联 (hard, hold by construction):
   * same length as the 上联; punctuation forced at the 上联's punctuation positions;
@@ -183,7 +184,7 @@ class Constrained:
 
 
 class Constrainer:
-    """Vocabulary tables for the rules; builds batched masks and biases on one device."""
+    """Vocabulary tables for the rules; applies them to a batch of logits on one device."""
 
     def __init__(self, tok: Tokenizer, blocklist: Blocklist, device: torch.device) -> None:
         self.tok = tok
