@@ -9,13 +9,13 @@ the burst must be refused with 429 and ``Retry-After``.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from chunlian.bench.reliability.services import Hold
 from chunlian.config import load_settings
 from chunlian.engine.engine import Engine
 from tests.integration.live_server import LiveServer, model_path
@@ -28,29 +28,6 @@ UPPERS = [
     "春回大地千山秀", "天增岁月人增寿", "爆竹声声辞旧岁", "一帆风顺年年好", "生意兴隆通四海",
     "万事如意步步高", "梅花点点迎新春", "东风送暖", "瑞雪丰年", "家和万事兴",
 ]
-
-
-class Hold:
-    """A step listener that, when armed, parks the engine thread until released."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.held = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, report: Any) -> None:
-        if self.armed:
-            self.held.set()
-            self.release.wait(120)
-
-    def arm(self) -> None:
-        self.held.clear()
-        self.release.clear()
-        self.armed = True
-
-    def open(self) -> None:
-        self.armed = False
-        self.release.set()
 
 
 @pytest.fixture(scope="module")
