@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from chunlian.api.app import create_app
 from chunlian.config import Settings
@@ -26,6 +27,15 @@ def configure_logging(level: str) -> None:
     logging.getLogger("chunlian").setLevel(level)
 
 
+def prefer_sleeping_threads() -> bool:
+    """Make idle OpenMP threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``), so the
+    engine's intra-op threads leave the cores to the web server between ops. An explicit
+    ``OMP_WAIT_POLICY`` wins. Returns False when torch is already imported: the OpenMP
+    runtime read the variable at load, so setting it now changes nothing."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return "torch" not in sys.modules
+
+
 def serve(settings: Settings) -> None:
     """Run the service in this process (one uvicorn worker) until SIGINT/SIGTERM.
 
@@ -33,10 +43,7 @@ def serve(settings: Settings) -> None:
     """
     import uvicorn
 
-    # Idle OpenMP threads sleep instead of spinning: the engine's intra-op threads then
-    # leave the cores to the web server between ops (set before torch is first imported;
-    # an explicit OMP_WAIT_POLICY wins).
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    prefer_sleeping_threads()
     configure_logging(settings.log_level)
     config = uvicorn.Config(
         create_app(settings),
