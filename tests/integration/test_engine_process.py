@@ -11,6 +11,7 @@ import signal
 import pytest
 
 from chunlian import errors as E
+from chunlian.bench.common import sample_uppers
 from chunlian.config import load_settings
 from chunlian.engine.process import ProcessEngine, decode_error, encode_error
 from chunlian.types import CoupletRequest
@@ -62,9 +63,11 @@ async def test_a_dead_child_fails_every_pending_request() -> None:
     engine = ProcessEngine(load_settings(max_batch_size=4, warmup=""))
     await engine.start()
     try:
+        # 120 distinct lines through 4 slots: the child is still busy for a long while after
+        # its first answer, which is when it is killed (no sleep to guess the right moment)
         pending = [asyncio.ensure_future(engine.generate(CoupletRequest(upper=u)))
-                   for u in ["春回大地千山秀", "瑞雪兆丰年", "天增岁月人增寿", "江山如画"] * 10]
-        await asyncio.sleep(0.05)
+                   for u in sample_uppers()[:120]]
+        await asyncio.wait(pending, timeout=60, return_when=asyncio.FIRST_COMPLETED)
         assert engine._proc is not None and engine._proc.pid is not None
         os.kill(engine._proc.pid, signal.SIGKILL)
         outs = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 30)
