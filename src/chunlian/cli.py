@@ -131,7 +131,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.max_steps = args.max_steps
     for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs"):
         value = getattr(args, name)
-        if value not in (None, False):
+        if value is not None:  # given on the command line (0 included)
             setattr(cfg, name, value)
     cfg.device = args.device if args.device != "auto" else _auto_device()
     summary = train(cfg, progress=not args.quiet)
@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--export", default="runs/train/latest.safetensors")
     t.add_argument("--max-steps", type=int, default=0)
     t.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
-    t.add_argument("--bf16", action="store_true", help="bf16 autocast (CPUs with AMX or AVX-512 bf16, cuda)")
+    t.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (CPUs with AMX or AVX-512 bf16, cuda)")
     t.add_argument("--init-from", default=None, help="continue from exported weights (.safetensors)")
     t.add_argument("--step-offset", type=int, default=None, help="steps behind --init-from (version name)")
     t.add_argument("--lr-max", type=float, default=None)

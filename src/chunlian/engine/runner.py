@@ -113,11 +113,11 @@ class ModelRunner:
         if len(specs) > self.capacity - self.n_live:
             raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
         out: list[SeqOutput] = []
-        for chunk in prefill_chunks(specs, self.tok_prefix_len):
+        for chunk in prefill_chunks(specs, self._prompt_len):
             out.extend(self._prefill(chunk))
         return out
 
-    def tok_prefix_len(self, spec: SeqSpec) -> int:
+    def _prompt_len(self, spec: SeqSpec) -> int:
         """Prompt tokens of a sequence: the prefix, its prompt characters, SEP for a 下联."""
         return PREFIX_LEN + len(spec.prompt_chars) + (spec.upper is not None)
 

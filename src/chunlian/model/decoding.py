@@ -215,9 +215,6 @@ class Constrainer:
         self._tables: dict[float, Tensor] = {}  # tone_bias -> table (``_table``)
         _wildcard_index(blocklist)  # built now, not inside the first request's step
 
-    def char_id(self, ch: str) -> int:
-        return self.tok.stoi.get(ch, self.tok.unk_id)
-
     def _table(self, tone_bias: float) -> Tensor:
         """Additive rows ``[(styles+1) * 3 * 2, V]``: style bias + tone bias, ``-inf`` on
         tokens that are never allowed (special, non-Han, banned single characters) and, in
@@ -245,8 +242,7 @@ class Constrainer:
         without scoring it.
         """
         n_styles = len(STYLES)
-        idx: list[int] = []
-        soft_idx: list[int] = []
+        idx: list[int] = []  # table row per sequence; its soft (no hard tone) row is idx & ~1
         rows: list[int] = []
         cols: list[int] = []
         forced: list[str | None] = []
@@ -257,8 +253,7 @@ class Constrainer:
             s = self.style_index.get(st.style, n_styles)
             if f is not None:
                 w, hard = WANT_NONE, False
-            soft_idx.append((s * 3 + w) * 2)
-            idx.append(soft_idx[-1] + int(hard))
+            idx.append((s * 3 + w) * 2 + int(hard))
             for ch in banned:
                 i = stoi.get(ch)
                 if i is not None:
@@ -271,19 +266,19 @@ class Constrainer:
         top_value, top_id = scores.max(dim=1)  # [B]: first of equal maxima, like argmax
         dead = ~torch.isfinite(top_value)
         if bool(dead.any()):
-            self._revive(scores, logits, table, dead, idx, soft_idx, rows, cols)
+            self._revive(scores, logits, table, dead, idx, rows, cols)
             top_value, top_id = scores.max(dim=1)
         return Constrained(scores, top_value, top_id, forced)
 
     def _revive(
-        self, scores: Tensor, logits: Tensor, table: Tensor, dead: Tensor, idx: list[int], soft_idx: list[int],
+        self, scores: Tensor, logits: Tensor, table: Tensor, dead: Tensor, idx: list[int],
         rows: list[int], cols: list[int],
     ) -> None:
         """Rows left with no allowed token: drop the hard tone rule first (it yields where
         it leaves no choice), then every ban (only possible with a tiny vocabulary)."""
         for b in dead.nonzero()[:, 0].tolist():
-            soft = table[soft_idx[b]] + logits[b]
-            if idx[b] != soft_idx[b]:  # a hard row: retry without the tone restriction
+            soft = table[idx[b] & ~1] + logits[b]
+            if idx[b] & 1:  # a hard row: retry without the tone restriction
                 banned = [c for r, c in zip(rows, cols, strict=True) if r == b]
                 retry = soft.clone()
                 if banned:

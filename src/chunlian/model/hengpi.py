@@ -197,7 +197,6 @@ class HengpiSelector:
             s: np.array([STYLE_WEIGHT if s in e.styles else 0.0 for e in kept]) for s in STYLES
         }
         self._row_of = {p: i for i, p in enumerate(self.phrases)}
-        self._vectors: dict[str, npt.NDArray[np.float64]] = {}
         self._vec_row: dict[str, int] = {}
         self._vec_mat: npt.NDArray[np.float64] = np.zeros((0, 0))
         self._phrase_vecs: npt.NDArray[np.float64] | None = None
@@ -205,13 +204,12 @@ class HengpiSelector:
             self._set_vectors(char_vectors)
 
     def _set_vectors(self, char_vectors: Mapping[str, npt.ArrayLike]) -> None:
-        # Only the characters that can matter are kept: phrase characters now, couplet
-        # characters looked up per request.
-        self._vectors = {c: np.asarray(v, dtype=np.float64) for c, v in char_vectors.items()}
-        dim = len(next(iter(self._vectors.values()))) if self._vectors else 0
-        # the same vectors as one matrix: a text's mean is one gather and one reduction
-        self._vec_row = {c: i for i, c in enumerate(c for c in self._vectors if is_han(c))}
-        self._vec_mat = np.stack([self._vectors[c] for c in self._vec_row]) if self._vec_row else np.zeros((0, dim))
+        # the Han characters' vectors as one matrix: a text's mean is one gather and one mean
+        vectors = {c: np.asarray(v, dtype=np.float64) for c, v in char_vectors.items()}
+        dim = len(next(iter(vectors.values()))) if vectors else 0
+        han = [c for c in vectors if len(c) == 1 and is_han(c)]
+        self._vec_row = {c: i for i, c in enumerate(han)}
+        self._vec_mat = np.stack([vectors[c] for c in han]) if han else np.zeros((0, dim))
         rows = []
         for phrase in self.phrases:
             m = self._mean_unit(phrase)
