@@ -4,6 +4,8 @@
 
 * ``eval``: every ``chunlian eval`` key on the validation split, with the random-real and
   gold baselines (the same code path as ``chunlian eval --baselines``);
+* ``eval_beam``: the same with constrained beam search (``chunlian eval --beam 4``), and its
+  one-request latency (``latency_beam_ms``);
 * ``style_matrix``: per-style lexicon hit rate of lines generated under each style;
 * ``hengpi``: agreement with the real 横批 on hengpi_triples.tsv against a random pick;
 * ``latency_ms``: one request (greedy, batch of one) median and p90 over 50 upper lines;
@@ -56,11 +58,13 @@ def main() -> None:
     ap.add_argument("--model-path", type=Path, default=None)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     report: dict[str, object] = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads"}
     report["eval"] = run_eval(Path(args.val), args.limit, args.model_path, "cpu", baselines=True, batch_size=128)
+    report["eval_beam"] = run_eval(Path(args.val), args.limit, args.model_path, "cpu", batch_size=128, beam=args.beam)
     gen = OfflineGenerator.load(args.model_path, "cpu", capacity=128)
     report["model"] = gen.loaded.tag
     report["params"] = gen.loaded.model.num_params()
@@ -73,6 +77,9 @@ def main() -> None:
     report["hengpi"] = hengpi_agreement(gen.hengpi, triples)  # type: ignore[arg-type]
     gen1 = OfflineGenerator(gen.loaded, type(gen.runner)(gen.loaded, 1), gen.hengpi)
     report["latency_ms"] = latency(gen1, uppers[:50])
+    report["latency_beam_ms"] = latency(
+        OfflineGenerator(gen.loaded, gen1.runner, gen.hengpi, beam_width=args.beam), uppers[:50]
+    )
     samples = []
     for (u, ref), r in zip(pairs[100:110], gen.generate([CoupletRequest(upper=u) for u, _ in pairs[100:110]]), strict=True):
         if not isinstance(r, Exception):

@@ -51,13 +51,19 @@ def _print_result(res: Any, as_json: bool) -> None:
 def _generator(args: argparse.Namespace) -> Any:
     from chunlian.offline import OfflineGenerator
 
-    return OfflineGenerator.load(args.model_path, args.device, capacity=args.batch_size)
+    return OfflineGenerator.load(
+        args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1)
+    )
 
 
 # ---- model commands --------------------------------------------------------------------------
 def cmd_generate(args: argparse.Namespace) -> int:
-    from chunlian.offline import couplet_request
+    from chunlian.offline import check_beam, couplet_request
 
+    try:
+        check_beam(args.beam)
+    except InvalidInput as e:
+        return _fail(e.message)
     if args.file is None:
         if not args.upper:
             return _fail("give an upper line or --file")
@@ -149,7 +155,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from chunlian.training.eval_run import run_eval
 
     report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
-                      args.batch_size, args.tone_bias)
+                      args.batch_size, args.tone_bias, args.beam)
     if args.json:
         _dump(report)
     else:
@@ -208,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n", type=int, default=1)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--json", action="store_true")
+    g.add_argument("--beam", type=int, default=1, help="beam width for greedy lines (1: greedy)")
     _model_flags(g)
     g.set_defaults(fn=cmd_generate)
 
@@ -251,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     e.add_argument("--baselines", action="store_true", help="also score a random real lower and gold")
     e.add_argument("--tone-bias", type=float, default=None)
+    e.add_argument("--beam", type=int, default=1, help="constrained beam search of this width (1: greedy)")
     _model_flags(e)
     e.set_defaults(fn=cmd_eval)
 

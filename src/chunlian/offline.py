@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from chunlian.engine.request import expand
+from chunlian.engine.request import SeqOutput, expand
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ChunlianError, InvalidInput
 from chunlian.model.checkpoint import LoadedModel, load_weights
@@ -19,6 +19,7 @@ from chunlian.text import validate_heads, validate_keyword, validate_upper
 from chunlian.types import CoupletRequest, CoupletResult, DecodeParams
 
 MAX_N = 8
+MAX_BEAM = 32
 
 
 def check_style(style: str) -> str:
@@ -41,6 +42,12 @@ def couplet_request(
         style=check_style(style), upper=validate_upper(upper),
         params=DecodeParams(n=check_n(n), seed=seed), **kw,  # type: ignore[arg-type]
     )
+
+
+def check_beam(width: int) -> int:
+    if not 1 <= width <= MAX_BEAM:
+        raise InvalidInput(f"beam width must be between 1 and {MAX_BEAM}, got {width}", "beam")
+    return width
 
 
 def compose_request(
@@ -70,25 +77,38 @@ class OfflineGenerator:
     loaded: LoadedModel
     runner: ModelRunner
     hengpi: object | None
+    beam_width: int = 1  # > 1: greedy 下联 requests use constrained beam search
 
     @classmethod
-    def load(cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64) -> OfflineGenerator:
+    def load(
+        cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
+    ) -> OfflineGenerator:
         from chunlian.model.hengpi import HengpiSelector
 
+        check_beam(beam_width)
         loaded = load_weights(model_path, device)
-        return cls(loaded, ModelRunner(loaded, capacity, device), HengpiSelector.from_loaded(loaded))
+        return cls(loaded, ModelRunner(loaded, capacity, device), HengpiSelector.from_loaded(loaded), beam_width)
 
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
-        """Results in input order; a request that fails yields its error, not an abort."""
+        """Results in input order; a request that fails yields its error, not an abort.
+
+        With ``beam_width > 1``, greedy requests for a 下联 (no seed, ``n == 1``) are
+        answered by beam search; composed and sampled ones run through the runner as usual.
+        """
         specs = []
         owners: list[list[int]] = []
         next_id = 1
+        beamed = self._beam(requests)
         for req in requests:
+            if id(req) in beamed:
+                owners.append([beamed[id(req)].seq_id])
+                continue
             s = expand(req, next_id)
             next_id += len(s)
             specs.extend(s)
             owners.append([x.seq_id for x in s])
         outs = self.runner.run_all(specs)
+        outs.update({o.seq_id: o for o in beamed.values()})
         results: list[CoupletResult | ChunlianError] = []
         for req, ids in zip(requests, owners, strict=True):
             try:
@@ -96,3 +116,23 @@ class OfflineGenerator:
             except ChunlianError as e:
                 results.append(e)
         return results
+
+    def _beam(self, requests: list[CoupletRequest]) -> dict[int, SeqOutput]:
+        """Beam-searched outputs of the eligible requests, keyed by ``id(request)``; their
+        sequence ids are negative so they never meet the runner's (1, 2, ...)."""
+        if self.beam_width <= 1:
+            return {}
+        todo = [r for r in requests if r.upper is not None and r.params.greedy]
+        if not todo:
+            return {}
+        from chunlian.model.beam import BeamSearcher
+
+        searcher = BeamSearcher(
+            self.loaded, self.runner.constrainer, self.runner.blocklist, self.runner.tone_bias,
+            max_rows=max(self.runner.capacity, self.beam_width),
+        )
+        found = searcher.search([(r.upper or "", r.style) for r in todo], self.beam_width)
+        return {
+            id(r): SeqOutput(-1 - i, r.upper or "", b.lower, b.mean_logprob)
+            for i, (r, b) in enumerate(zip(todo, found, strict=True))
+        }

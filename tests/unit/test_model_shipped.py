@@ -11,6 +11,7 @@ import torch
 from chunlian.cli import main as cli_main
 from chunlian.engine.request import SeqSpec
 from chunlian.engine.runner import ModelRunner
+from chunlian.model.beam import BeamSearcher
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.text import is_han, tone_class
@@ -46,14 +47,43 @@ def test_shipped_weights_load_and_every_rule_holds() -> None:
     got = lowers(ModelRunner(loaded, 16), specs())
     assert set(got) == set(UPPERS)
     for upper, lower in got.items():
-        assert len(lower) == len(upper)
-        for i, (a, b) in enumerate(zip(upper, lower, strict=True)):
-            assert is_han(a) == is_han(b) and (is_han(a) or a == b)  # punctuation mirrored
-            for j in range(i + 1, len(upper)):
-                assert (upper[i] == upper[j]) == (lower[i] == lower[j])
-        assert not {c for c in upper if is_han(c)} & set(lower)
-        if tone_class(upper[-1]) == "ze":
-            assert tone_class(lower[-1]) == "ping"
+        assert_rules(upper, lower)
+
+
+def assert_rules(upper: str, lower: str) -> None:
+    assert len(lower) == len(upper)
+    for i, (a, b) in enumerate(zip(upper, lower, strict=True)):
+        assert is_han(a) == is_han(b) and (is_han(a) or a == b)  # punctuation mirrored
+        for j in range(i + 1, len(upper)):
+            assert (upper[i] == upper[j]) == (lower[i] == lower[j])
+    assert not {c for c in upper if is_han(c)} & set(lower)
+    if tone_class(upper[-1]) == "ze":
+        assert tone_class(lower[-1]) == "ping"
+
+
+def searcher(max_rows: int = 256) -> BeamSearcher:
+    runner = ModelRunner(shipped(), 16)
+    return BeamSearcher(shipped(), runner.constrainer, runner.blocklist, runner.tone_bias, max_rows)
+
+
+def test_beam_of_width_one_is_greedy() -> None:
+    greedy = lowers(ModelRunner(shipped(), 16), specs())
+    beam = searcher().search([(u, "traditional") for u in UPPERS], 1)
+    assert [b.lower for b in beam] == [greedy[u] for u in UPPERS]
+
+
+def test_beam_search_keeps_every_rule_and_ignores_its_companions() -> None:
+    """Width 4 over lines of mixed lengths: every rule holds; a line's answer is the same
+    alone and among the others (rows of one request never mix with another's)."""
+    items = [(u, "traditional") for u in UPPERS]
+    together = searcher().search(items, 4)
+    alone = [searcher().search([it], 4)[0] for it in items[:4]]
+    for (upper, _), res in zip(items, together, strict=True):
+        assert_rules(upper, res.lower)
+        assert res.mean_logprob <= 0.0
+    assert [a.lower for a in alone] == [t.lower for t in together[:4]]
+    # a group split over several cache fills (2 requests of 4 beams at a time) agrees too
+    assert [r.lower for r in searcher(max_rows=8).search(items, 4)] == [t.lower for t in together]
 
 
 def test_batched_greedy_equals_one_at_a_time() -> None:
@@ -112,6 +142,8 @@ def test_cached_decoding_equals_a_full_recompute() -> None:
     (["generate", "春回大地", "--style", "foo"], "style"),
     (["generate", "春回大地", "--n", "9"], "n must be"),
     (["generate", "春回大地", "--n", "0"], "n must be"),
+    (["generate", "春回大地", "--beam", "0"], "beam"),
+    (["generate", "春回大地", "--beam", "33"], "beam"),
     (["generate", "   "], "upper"),
     (["compose", "--heads", "李明王"], "heads"),
     (["compose", "--heads", "ab"], "heads"),

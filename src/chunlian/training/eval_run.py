@@ -1,7 +1,8 @@
 """``chunlian eval``: run the model over a TSV of upper/lower pairs and score it.
 
 The metric definitions live in ``chunlian.training.evaluate``. Generation is greedy
-(the service's default answer), batched through the offline runner.
+(the service's default answer), batched through the offline runner, or constrained beam
+search with ``beam > 1`` (``chunlian.model.beam``).
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ def read_eval_pairs(path: Path, limit: int | None) -> list[tuple[str, str]]:
 def run_eval(
     data: Path, limit: int | None = None, model_path: Path | None = None, device: str = "cpu",
     baselines: bool = False, batch_size: int = 64, tone_bias: float | None = None,
+    beam: int = 1,
 ) -> dict[str, Any]:
     from chunlian.offline import OfflineGenerator
 
     pairs = read_eval_pairs(data, limit)
     if not pairs:
         raise InvalidInput(f"{data} holds no usable pairs", "data")
-    gen = OfflineGenerator.load(model_path, device, capacity=batch_size)
+    gen = OfflineGenerator.load(model_path, device, capacity=batch_size, beam_width=beam)
     if tone_bias is not None:
         gen.runner.tone_bias = tone_bias
     uppers = [u for u, _ in pairs]
@@ -53,6 +55,8 @@ def run_eval(
     seconds = time.perf_counter() - t0
     hyps = ["" if isinstance(r, ChunlianError) else r.best.lower for r in results]
     report: dict[str, Any] = {**compute_metrics(uppers, hyps, refs), "seconds": round(seconds, 2)}
+    if beam > 1:
+        report["beam"] = beam
     if baselines:
         rand = random_real_baseline(uppers, refs, refs, seed=0)
         report["baseline_random_real"] = compute_metrics(uppers, rand, refs)
