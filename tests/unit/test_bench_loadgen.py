@@ -339,3 +339,19 @@ async def test_raw_connection_reports_refused_connections() -> None:
 async def test_auto_client_choice() -> None:
     with pytest.raises(ValueError, match="cannot drive"):
         await run_load_async("https://127.0.0.1:1", client_kind="raw")
+
+
+def test_engine_bench_sequential_sample_has_the_mix_lengths() -> None:
+    """The sequential run's sample spans the whole length range of the mix (its first
+    lines are its short ones: a prefix would flatter sequential throughput)."""
+    from chunlian.bench.engine import length_sample, mixed_lines
+
+    mix = mixed_lines(800)
+    sample = length_sample(mix, 100)
+    assert len(sample) == 100 and set(sample) <= set(mix)
+    mean_mix = sum(map(len, mix)) / len(mix)
+    mean_sample = sum(map(len, sample)) / len(sample)
+    assert abs(mean_sample - mean_mix) < 0.05 * mean_mix
+    assert sum(map(len, mix[:100])) / 100 < 0.8 * mean_mix  # what the old prefix measured
+    assert max(map(len, sample)) > 20 and min(map(len, sample)) <= 5
+    assert length_sample(mix[:10], 100) == mix[:10]
