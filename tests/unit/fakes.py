@@ -23,6 +23,10 @@ class FakeRunner:
         self.batch_sizes: list[int] = []
         self.gate: threading.Event | None = None
         self.fail_on: str | None = None
+        self.bound_thread: str | None = None
+
+    def bind_thread(self) -> None:
+        self.bound_thread = threading.current_thread().name
 
     def _wait(self) -> None:
         if self.gate is not None:

@@ -58,6 +58,12 @@ async def test_result_path(engine: tuple[Engine, FakeRunner]) -> None:
     assert eng.stats.completed == 1
 
 
+async def test_the_runner_is_bound_to_the_engine_thread(engine: tuple[Engine, FakeRunner]) -> None:
+    eng, runner = engine
+    await eng.generate(CoupletRequest(upper="春回大地"))
+    assert runner.bound_thread == "chunlian-engine"
+
+
 async def test_n_best_returns_all_candidates_best_first(engine: tuple[Engine, FakeRunner]) -> None:
     eng, _ = engine
     res = await eng.generate(CoupletRequest(upper="春回大地", params=DecodeParams(n=3, seed=5)))

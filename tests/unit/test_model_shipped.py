@@ -3,6 +3,7 @@ nothing; a seed's output does not depend on its batch companions; the CLI's bad-
 
 from __future__ import annotations
 
+import threading
 from functools import cache
 
 import pytest
@@ -160,3 +161,20 @@ def test_cli_bad_input_exits_2_with_one_line_and_nothing_on_stdout(
     out, err = capsys.readouterr()
     assert out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_bind_thread_sets_the_torch_threads_of_the_step_thread_only() -> None:
+    """The engine thread gets the runner's thread count; the loading thread keeps its own
+    (a second multi-thread OpenMP team, even idle, slows the first: ``bind_thread``)."""
+    runner = ModelRunner(shipped(), 2, threads=3)
+    seen: list[int] = []
+
+    def step_thread() -> None:
+        runner.bind_thread()
+        seen.append(torch.get_num_threads())
+
+    t = threading.Thread(target=step_thread)
+    t.start()
+    t.join()
+    assert seen == [3]
+    assert torch.get_num_threads() == 1  # this module's setting, untouched

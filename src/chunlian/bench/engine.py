@@ -49,10 +49,10 @@ def _mean_chars(lines: list[str]) -> float:
 
 
 async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], batch: int, mode: str,
-                 hengpi: Any) -> dict[str, float]:
+                 hengpi: Any, threads: int = 0) -> dict[str, float]:
     settings = load_settings(max_batch_size=batch, batching=mode, max_wait_ms=0,
                              max_queue_size=max(len(uppers), 1), default_timeout_ms=600_000)
-    engine = Engine(settings, ModelRunner(loaded, capacity=batch), hengpi, loaded.tag)
+    engine = Engine(settings, ModelRunner(loaded, capacity=batch, threads=threads), hengpi, loaded.tag)
     await engine.start()
     lat: list[float] = []
 
@@ -81,11 +81,10 @@ def run(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Run the three modes (and an optional batch-size sweep); return one flat report."""
-    import torch
-
+    from chunlian.engine.runner import single_threaded_here
     from chunlian.model.hengpi import HengpiSelector
 
-    torch.set_num_threads(threads)
+    single_threaded_here()  # the engine threads get ``threads`` (ModelRunner.bind_thread)
     loaded = load_weights(model_path, device)
     hengpi = HengpiSelector.from_loaded(loaded)
     mix = mixed_lines(requests)
@@ -93,10 +92,11 @@ def run(
     # (the mix's first lines are its short ones: taking those flattered sequential)
     seq_mix = length_sample(mix, sequential_requests)
 
-    asyncio.run(_drive(loaded, mix[:16], min(16, max_batch_size), "continuous", hengpi))  # warm-up
-    seq = asyncio.run(_drive(loaded, seq_mix, 1, "continuous", hengpi))
-    static = asyncio.run(_drive(loaded, mix, max_batch_size, "static", hengpi))
-    cont = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi))
+    warm = min(16, max_batch_size)
+    asyncio.run(_drive(loaded, mix[:16], warm, "continuous", hengpi, threads))  # warm-up
+    seq = asyncio.run(_drive(loaded, seq_mix, 1, "continuous", hengpi, threads))
+    static = asyncio.run(_drive(loaded, mix, max_batch_size, "static", hengpi, threads))
+    cont = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi, threads))
     report: dict[str, Any] = {
         "model": loaded.tag,
         "requests": len(mix),
@@ -120,7 +120,7 @@ def run(
         table = []
         for b in sweep:
             lines = seq_mix if b == 1 else mix
-            r = asyncio.run(_drive(loaded, lines, b, "continuous", hengpi))
+            r = asyncio.run(_drive(loaded, lines, b, "continuous", hengpi, threads))
             table.append({"max_batch_size": b, "seq_per_s": round(r["seq_per_s"], 1),
                           "p50_ms": round(r["p50_ms"], 1), "p99_ms": round(r["p99_ms"], 1),
                           "requests": len(lines)})
@@ -141,16 +141,16 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
          workload: str = "mixed") -> dict[str, Any]:
     """Continuous batching only, all ``requests`` submitted at once (the engine's peak), on
     the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``)."""
-    import torch
-
+    from chunlian.engine.runner import single_threaded_here
     from chunlian.model.hengpi import HengpiSelector
 
-    torch.set_num_threads(threads)
+    single_threaded_here()  # the engine thread gets ``threads`` (ModelRunner.bind_thread)
     loaded = load_weights(Path(model_path) if model_path else None, "cpu")
     hengpi = HengpiSelector.from_loaded(loaded)
     mix: list[str] | list[CoupletRequest] = http_requests(requests) if workload == "http" else mixed_lines(requests)
-    asyncio.run(_drive(loaded, mix[:16], min(16, max_batch_size), "continuous", hengpi))  # warm-up
-    r = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi))
+    warm = min(16, max_batch_size)
+    asyncio.run(_drive(loaded, mix[:16], warm, "continuous", hengpi, threads))  # warm-up
+    r = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi, threads))
     return {"seq_per_s": round(r["seq_per_s"], 1), "p50_ms": round(r["p50_ms"], 1),
             "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix),
             "workload": workload}

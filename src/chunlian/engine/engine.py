@@ -54,6 +54,7 @@ class Runner(Protocol):
     def prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
     def decode(self) -> list[SeqOutput]: ...
     def release(self, seq_ids: set[int] | list[int]) -> None: ...
+    def bind_thread(self) -> None: ...  # called on the engine thread before its first step
 
 
 class HengpiChooser(Protocol):
@@ -133,16 +134,19 @@ class Engine:
     @classmethod
     def from_settings(cls, settings: Settings) -> Engine:
         """Load the model named by ``settings`` and build an engine around it."""
-        import torch
-
-        from chunlian.engine.runner import ModelRunner
+        from chunlian.engine.runner import ModelRunner, single_threaded_here
         from chunlian.model.checkpoint import load_weights
         from chunlian.model.hengpi import HengpiSelector
 
-        torch.set_num_threads(settings.resolved_torch_threads())
+        # the model runs on the engine thread: only that thread may own a multi-thread
+        # torch team (ModelRunner.bind_thread says why)
+        single_threaded_here()
         device = settings.resolved_device()
         loaded = load_weights(settings.model_path, device)
-        runner = ModelRunner(loaded, capacity=settings.max_batch_size, device=device)
+        runner = ModelRunner(
+            loaded, capacity=settings.max_batch_size, device=device,
+            threads=settings.resolved_torch_threads(),
+        )
         return cls(settings, runner, HengpiSelector.from_loaded(loaded), loaded.tag)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -253,6 +257,7 @@ class Engine:
     # ---- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            self.runner.bind_thread()
             while True:
                 with self._cv:
                     if self._stopping:
