@@ -33,8 +33,8 @@ class Settings(BaseSettings):
     model_path: Path | None = None  # None: the weights shipped in the package
     device: Literal["cpu", "cuda", "auto"] = "auto"
     # 0 = auto: the machine's cores, at most 4 (a 4 M-parameter model gains little beyond).
-    # `chunlian serve` makes idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE) so that
-    # they do not spin on the core the web server needs (docs/benchmarks.md)
+    # They belong to the engine thread alone (ModelRunner.bind_thread); OpenMP's default
+    # wait policy is kept: OMP_WAIT_POLICY=PASSIVE cost 37% of miss throughput (docs/benchmarks.md)
     torch_threads: int = Field(0, ge=0, le=256)
     # run the engine core (model, scheduler) in its own process (engine.process): the web
     # server and the engine then hold separate interpreter locks and can use separate cores.

@@ -9,8 +9,6 @@ Layout (one idea per module): ``schemas`` (the API's shapes), ``routes`` (handle
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
 from chunlian.api.app import create_app
 from chunlian.config import Settings
@@ -27,15 +25,6 @@ def configure_logging(level: str) -> None:
     logging.getLogger("chunlian").setLevel(level)
 
 
-def prefer_sleeping_threads() -> bool:
-    """Make idle OpenMP threads sleep instead of spin (``OMP_WAIT_POLICY=PASSIVE``), so the
-    engine's intra-op threads leave the cores to the web server between ops. An explicit
-    ``OMP_WAIT_POLICY`` wins. Returns False when torch is already imported: the OpenMP
-    runtime read the variable at load, so setting it now changes nothing."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return "torch" not in sys.modules
-
-
 def serve(settings: Settings) -> None:
     """Run the service in this process (one uvicorn worker) until SIGINT/SIGTERM.
 
@@ -43,7 +32,6 @@ def serve(settings: Settings) -> None:
     """
     import uvicorn
 
-    prefer_sleeping_threads()
     configure_logging(settings.log_level)
     config = uvicorn.Config(
         create_app(settings),
