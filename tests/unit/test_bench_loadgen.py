@@ -10,25 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from chunlian.bench.loadgen import (
+from chunlian.bench.loadgen import LoadResult, Record, format_report, plot_timeline, run_load_async
+from chunlian.bench.plan import (
     STYLES,
     WARMUP_SEED_BASE,
-    LoadResult,
-    Record,
     RequestPlan,
-    cache_counts,
     check_url,
-    format_report,
     is_loopback,
     load_lines,
-    metric,
-    metrics_delta,
-    parse_metrics,
-    plot_timeline,
-    proc_cpu_seconds,
-    run_load_async,
     warmup_body,
 )
+from chunlian.bench.proccpu import proc_cpu_seconds
+from chunlian.bench.promtext import cache_counts, metric, metrics_delta, parse_metrics
 from chunlian.errors import Overloaded
 from tests.unit.api_fakes import running_app
 
@@ -161,7 +154,7 @@ def test_proc_cpu_seconds() -> None:
     v = proc_cpu_seconds(os.getpid())
     assert v is not None and v > 0
     assert proc_cpu_seconds(2**22 + 12345) is None
-    from chunlian.bench.loadgen import host_cpu_seconds
+    from chunlian.bench.proccpu import host_cpu_seconds
 
     host = host_cpu_seconds()
     assert host is not None and host >= v
@@ -284,7 +277,7 @@ async def _canned_server(replies: list[bytes]) -> tuple[asyncio.AbstractServer, 
 
 
 async def test_raw_connection_reads_every_framing_and_reconnects() -> None:
-    from chunlian.bench.loadgen import RawConnection
+    from chunlian.bench.rawhttp import RawConnection
 
     ok = b'{"lower":"x","cached":true}'
     replies = [
@@ -311,7 +304,7 @@ async def test_raw_connection_reads_every_framing_and_reconnects() -> None:
 
 
 async def test_raw_connection_resends_once_when_a_kept_alive_connection_was_closed() -> None:
-    from chunlian.bench.loadgen import RawConnection
+    from chunlian.bench.rawhttp import RawConnection
 
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\n\r\n{\"cached\": true}"
     server, port, seen = await _canned_server([ok, b"<drop>", ok, ok])
@@ -328,7 +321,7 @@ async def test_raw_connection_resends_once_when_a_kept_alive_connection_was_clos
 
 
 async def test_raw_connection_reports_refused_connections() -> None:
-    from chunlian.bench.loadgen import RawConnection
+    from chunlian.bench.rawhttp import RawConnection
     from chunlian.bench.sweep import free_port
 
     conn = RawConnection("127.0.0.1", free_port(), timeout_s=2.0)

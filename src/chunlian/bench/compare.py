@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from chunlian.bench.loadgen import RequestPlan, load_lines, run_load
+from chunlian.bench.loadgen import run_load
+from chunlian.bench.plan import RequestPlan, load_lines
 from chunlian.bench.sweep import run_server
 
 BASELINE: dict[str, object] = {"max_batch_size": 1, "max_wait_ms": 0, "cache_size": 0}

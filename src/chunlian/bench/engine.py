@@ -130,7 +130,7 @@ def run(
 
 def http_requests(count: int) -> list[CoupletRequest]:
     """The first ``count`` fresh requests ``chunlian bench http`` sends (same lines, styles)."""
-    from chunlian.bench.loadgen import RequestPlan, load_lines
+    from chunlian.bench.plan import RequestPlan, load_lines
 
     plan = RequestPlan(load_lines(), unique_ratio=1.0)
     bodies = [plan.next_body() for _ in range(count)]

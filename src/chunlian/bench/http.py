@@ -74,15 +74,8 @@ def _progress(args: argparse.Namespace) -> bool:
 def cmd_http(args: argparse.Namespace) -> int:
     import httpx
 
-    from chunlian.bench.loadgen import (
-        RequestPlan,
-        check_url,
-        format_report,
-        is_loopback,
-        load_lines,
-        plot_timeline,
-        run_load,
-    )
+    from chunlian.bench.loadgen import format_report, plot_timeline, run_load
+    from chunlian.bench.plan import RequestPlan, check_url, is_loopback, load_lines
 
     try:
         url = check_url(args.url)
@@ -181,7 +174,7 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
 
 def register(bsub: Any) -> None:
     """Add ``http``, ``sweep`` and ``compare`` to the ``chunlian bench`` sub-commands."""
-    from chunlian.bench.loadgen import DEFAULT_URL
+    from chunlian.bench.plan import DEFAULT_URL
 
     h = bsub.add_parser("http", help="load-test a running service over HTTP")
     h.add_argument("--url", default=DEFAULT_URL, help=f"the service (default {DEFAULT_URL})")

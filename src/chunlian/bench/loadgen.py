@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
-import random
-import re
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,231 +35,18 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from chunlian.bench.common import percentile, sample_uppers
-
-STYLES = ("traditional", "business", "family", "literary")
-DEFAULT_URL = "http://127.0.0.1:8000"
-ENDPOINT = "/v1/couplets"
-WARMUP_SEED_BASE = 1 << 40
-FRESH_SEED_STRIDE = 1000  # fresh requests of one plan seed before the next seed's sequence  # warm-up requests are seeded from here: never in a measured plan
-
-# ---- input lines ------------------------------------------------------------------------------
-
-
-def load_lines(path: Path | None = None) -> list[str]:
-    """Upper lines from ``path`` (one a line, ``#`` comments; in a .tsv the first column,
-    its ``upper`` header skipped), or the built-in sample of 400 real lines."""
-    if path is None:
-        return sample_uppers()
-    lines: list[str] = []
-    seen: set[str] = set()
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        text = raw.split("\t", 1)[0].strip()
-        if not text or text.startswith("#") or text == "upper" or text in seen:
-            continue
-        seen.add(text)
-        lines.append(text)
-    if not lines:
-        raise ValueError(f"{path}: no upper lines")
-    return lines
-
-
-def check_url(url: str) -> str:
-    """``url`` without a trailing slash; an http(s) URL with a host, else ``ValueError``."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
-    return url.rstrip("/")
-
-
-def is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-# ---- what to send -----------------------------------------------------------------------------
-
-
-@dataclass
-class RequestPlan:
-    """The deterministic sequence of request bodies of one run (see the module docstring)."""
-
-    lines: list[str]
-    unique_ratio: float = 1.0
-    hot_size: int = 16
-    seed: int = 0
-    sent_unique: int = 0
-    sent_hot: int = 0
-    sent_seeded: int = 0
-    _rng: random.Random = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.unique_ratio <= 1.0:
-            raise ValueError(f"unique_ratio must be within 0..1, got {self.unique_ratio}")
-        if self.unique_ratio < 1.0 and self.hot_size < 1:
-            raise ValueError("a hot set of at least one line is needed when unique_ratio < 1")
-        hot = min(self.hot_size, len(self.lines) - 1) if self.unique_ratio < 1.0 else 0
-        self.hot = self.lines[len(self.lines) - hot:] if hot else []
-        self.fresh = self.lines[: len(self.lines) - hot]
-        if not self.fresh:
-            raise ValueError("no lines left for fresh requests")
-        self._rng = random.Random(self.seed)
-
-    @property
-    def greedy_pool(self) -> int:
-        """Fresh requests available before seeds are needed."""
-        return len(self.fresh) * len(STYLES)
-
-    def unique_body(self, k: int) -> dict[str, Any]:
-        """The ``k``-th fresh request. Plans with another ``seed`` start far along the same
-        sequence (seeded requests), so a second run with a new seed is fresh to a server that
-        has answered the first."""
-        k += self.seed * FRESH_SEED_STRIDE * self.greedy_pool
-        n = len(self.fresh)
-        line, rnd = self.fresh[k % n], k // n
-        body: dict[str, Any] = {"upper": line, "style": STYLES[rnd % len(STYLES)]}
-        if rnd >= len(STYLES):
-            body["seed"] = rnd // len(STYLES)
-        return body
-
-    def next_body(self) -> dict[str, Any]:
-        if self.unique_ratio >= 1.0 or self._rng.random() < self.unique_ratio:
-            body = self.unique_body(self.sent_unique)
-            self.sent_unique += 1
-            self.sent_seeded += "seed" in body
-            return body
-        self.sent_hot += 1
-        return {"upper": self._rng.choice(self.hot)}
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        while True:
-            yield self.next_body()
-
-    def stats(self) -> dict[str, Any]:
-        return {"unique_ratio": self.unique_ratio, "hot_size": len(self.hot),
-                "lines": len(self.lines), "sent_fresh": self.sent_unique,
-                "sent_hot": self.sent_hot, "sent_fresh_seeded": self.sent_seeded}
-
-
-def warmup_body(lines: list[str], k: int) -> dict[str, Any]:
-    """A warm-up request: seeded from ``WARMUP_SEED_BASE``, never in a measured plan."""
-    return {"upper": lines[k % len(lines)], "seed": WARMUP_SEED_BASE + k}
-
-
-# ---- /metrics ---------------------------------------------------------------------------------
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_metrics(text: str) -> Samples:
-    """Prometheus text exposition -> {sample name: [(labels, value), ...]}."""
-    out: Samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
-        out.setdefault(m.group(1), []).append((labels, value))
-    return out
-
-
-def metric(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels`` (0 when absent)."""
-    return sum(v for got, v in samples.get(name, ()) if all(got.get(k) == x for k, x in labels.items()))
-
-
-def cache_counts(samples: Samples) -> tuple[float, float]:
-    """(hits over every store, lookups): each request consults the nearest store first, so the
-    lookups are those of the busiest store."""
-    per_store: dict[str, float] = {}
-    hits = 0.0
-    for labels, v in samples.get("chunlian_cache_requests_total", ()):
-        store = labels.get("store", "")
-        per_store[store] = per_store.get(store, 0.0) + v
-        if labels.get("result") == "hit":
-            hits += v
-    return hits, max(per_store.values(), default=0.0)
-
-
-def metrics_delta(before: Samples, after: Samples, seconds: float) -> dict[str, Any]:
-    """What the service did between two scrapes: hit ratio, mean batch, tokens/s, drops."""
-
-    def d(name: str) -> float:
-        return metric(after, name) - metric(before, name)
-
-    hits_b, looks_b = cache_counts(before)
-    hits_a, looks_a = cache_counts(after)
-    looks = looks_a - looks_b
-    steps = d("chunlian_engine_batch_size_count")
-    return {
-        "cache_hit_ratio": round((hits_a - hits_b) / looks, 4) if looks > 0 else None,
-        "cache_lookups": int(looks),
-        "mean_batch_size": round(d("chunlian_engine_batch_size_sum") / steps, 2) if steps > 0 else None,
-        "engine_steps": int(steps),
-        "tokens_per_s": round(d("chunlian_generated_tokens_total") / seconds, 1) if seconds > 0 else None,
-        "engine_completed": int(d("chunlian_engine_completed_total")),
-        "coalesced": int(d("chunlian_coalesced_requests_total")),
-        "deadline_drops": int(d("chunlian_deadline_drops_total")),
-        "overload_rejections": int(d("chunlian_overload_rejections_total")),
-    }
-
-
-# ---- CPU of a local process -------------------------------------------------------------------
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 onwards
-
-
-def proc_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` and its live descendants (all threads;
-    an engine process spawned by the server counts as the server's), from /proc; None when
-    unreadable (another OS, or the process is gone)."""
-    fields = _stat_fields(pid)
-    if fields is None:
-        return None
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            f = _stat_fields(int(entry.name))
-            if f is not None:
-                parent[int(entry.name)] = int(f[1])  # ppid: field 4
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        p = frontier.pop()
-        kids = [c for c, pp in parent.items() if pp == p and c not in tree]
-        tree.update(kids)
-        frontier.extend(kids)
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for p in tree:
-        f = fields if p == pid else _stat_fields(p)
-        if f is not None:
-            total += (int(f[11]) + int(f[12])) / ticks  # utime, stime: fields 14 and 15
-    return total
-
-
-def host_cpu_seconds() -> float | None:
-    """CPU seconds the whole host has been busy (all CPUs, /proc/stat); None elsewhere."""
-    try:
-        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
+from chunlian.bench.common import percentile
+from chunlian.bench.plan import (
+    DEFAULT_URL,
+    ENDPOINT,
+    RequestPlan,
+    check_url,
+    load_lines,
+    warmup_body,
+)
+from chunlian.bench.proccpu import host_cpu_seconds, proc_cpu_seconds
+from chunlian.bench.promtext import Samples, metric, metrics_delta, parse_metrics
+from chunlian.bench.rawhttp import RawConnection, encode_body, post_httpx
 
 # ---- the run ----------------------------------------------------------------------------------
 
@@ -396,111 +180,6 @@ async def _scrape(client: httpx.AsyncClient) -> Samples | None:
 Poster = Callable[[bytes], Awaitable[tuple[str, "bool | None"]]]
 
 
-def _answer(status: int, body: bytes) -> tuple[str, bool | None]:
-    if status != 200:
-        return str(status), None
-    try:
-        cached = bool(json.loads(body).get("cached"))
-    except (ValueError, AttributeError):
-        return "bad_json", None
-    return "200", cached
-
-
-async def _post(client: httpx.AsyncClient, body: bytes) -> tuple[str, bool | None]:
-    try:
-        r = await client.post(ENDPOINT, content=body, headers={"content-type": "application/json"})
-    except httpx.TimeoutException:
-        return "timeout", None
-    except httpx.TransportError as e:
-        return f"transport:{type(e).__name__}", None
-    return _answer(r.status_code, r.content)
-
-
-class RawConnection:
-    """One keep-alive HTTP/1.1 connection for ``POST`` of JSON bodies, on asyncio streams.
-
-    A load generator must cost the host far less than the server it measures; a general
-    client (httpx) spends milliseconds of CPU per request at high concurrency, this a few
-    tens of microseconds. Plain ``http://`` only; reconnects after any error, and before
-    reusing a connection idle for ``IDLE_REUSE_S`` (uvicorn closes idle ones after 5 s).
-    """
-
-    IDLE_REUSE_S = 2.0
-
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
-        self.host, self.port, self.timeout_s = host, port, timeout_s
-        self._head = f"Host: {host}:{port}\r\nContent-Type: application/json\r\n".encode()
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.last_used = 0.0
-
-    async def post(self, path: str, body: bytes) -> tuple[str, bool | None]:
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                status, data = await self._exchange(path, body)
-        except TimeoutError:
-            self.close()
-            return "timeout", None
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
-            self.close()
-            return f"transport:{type(e).__name__}", None
-        return _answer(status, data)
-
-    async def _exchange(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.writer is not None and time.monotonic() - self.last_used > self.IDLE_REUSE_S:
-            self.close()  # the server may be closing it (keep-alive timeout): don't race it
-        reused = self.writer is not None
-        if self.writer is None or self.reader is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        reader, writer = self.reader, self.writer
-        writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\n" + self._head
-                     + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            if not reused or (isinstance(e, asyncio.IncompleteReadError) and e.partial):
-                raise
-            # a kept-alive connection the server closed before answering: the request was
-            # not read; send it once more on a new connection
-            self.close()
-            return await self._exchange(path, body)
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        headers: dict[bytes, bytes] = {}
-        for line in lines[1:]:
-            k, _, v = line.partition(b":")
-            headers[k.strip().lower()] = v.strip().lower()
-        if b"content-length" in headers:
-            data = await reader.readexactly(int(headers[b"content-length"]))
-        elif headers.get(b"transfer-encoding") == b"chunked":
-            parts = []
-            while True:
-                size = int((await reader.readline()).split(b";")[0], 16)
-                if size == 0:
-                    while (await reader.readline()) not in (b"\r\n", b""):
-                        pass
-                    break
-                parts.append(await reader.readexactly(size))
-                await reader.readexactly(2)
-            data = b"".join(parts)
-        else:
-            data = await reader.read()
-            headers[b"connection"] = b"close"
-        if headers.get(b"connection") == b"close":
-            self.close()
-        self.last_used = time.monotonic()
-        return status, data
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False).encode()
-
-
 async def _warmup(posters: list[Poster], lines: list[str], seconds: float) -> int:
     """Send seeded warm-up requests for ``seconds``; wait for the last ones (not measured)."""
     deadline = time.monotonic() + seconds
@@ -511,7 +190,7 @@ async def _warmup(posters: list[Poster], lines: list[str], seconds: float) -> in
         nonlocal sent
         while time.monotonic() < deadline:
             sent += 1
-            await post(_encode(warmup_body(lines, next(counter))))
+            await post(encode_body(warmup_body(lines, next(counter))))
 
     await asyncio.gather(*(worker(p) for p in posters))
     return sent
@@ -559,7 +238,7 @@ async def run_load_async(
             prefix = parts.path.rstrip("/")
             posters: list[Poster] = [functools.partial(c.post, prefix + ENDPOINT) for c in conns]
         else:
-            posters = [functools.partial(_post, client)] * concurrency
+            posters = [functools.partial(post_httpx, client)] * concurrency
         try:
             return await _measure(res, client, posters, plan, warmup_s, sample_interval_s,
                                   server_pid, progress, label)
@@ -590,7 +269,7 @@ async def _measure(
         nonlocal issued, ok, err
         while issued < max_requests and time.perf_counter() < deadline:
             issued += 1
-            body = _encode(plan.next_body())
+            body = encode_body(plan.next_body())
             start = time.perf_counter()
             status, cached = await post(body)
             end = time.perf_counter()

@@ -32,7 +32,8 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.loadgen import RequestPlan, load_lines, run_load
+from chunlian.bench.loadgen import run_load
+from chunlian.bench.plan import RequestPlan, load_lines
 from chunlian.bench.sweep import free_port, run_server
 
 

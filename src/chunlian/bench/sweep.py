@@ -29,7 +29,8 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.loadgen import RequestPlan, load_lines, run_load
+from chunlian.bench.loadgen import run_load
+from chunlian.bench.plan import RequestPlan, load_lines
 
 DEFAULT_BATCH_SIZES = (1, 4, 8, 16, 32, 64, 128)
 DEFAULT_WAITS_MS = (0.0, 5.0, 20.0)

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.loadgen import Samples, metric
+from chunlian.bench.promtext import Samples, metric
 from chunlian.bench.reliability.common import (
     HOST,
     HOT_LINES,

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.loadgen import Samples, parse_metrics
+from chunlian.bench.promtext import Samples, parse_metrics
 
 HOST = "127.0.0.1"
 REDIS_PORT = 6379

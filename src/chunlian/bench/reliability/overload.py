@@ -10,7 +10,7 @@ from collections import Counter
 
 import httpx
 
-from chunlian.bench.loadgen import Samples, metric
+from chunlian.bench.promtext import Samples, metric
 from chunlian.bench.reliability.common import (
     HOST,
     HOT_LINES,

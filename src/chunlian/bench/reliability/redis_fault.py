@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.loadgen import metric
+from chunlian.bench.promtext import metric
 from chunlian.bench.reliability.common import (
     HOT_LINES,
     Outcome,

@@ -1,0 +1,119 @@
+"""The load generator's HTTP clients: a lean keep-alive connection on asyncio streams
+(``RawConnection``) and an httpx one (``post_httpx``); both answer (status, cached)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+
+from chunlian.bench.plan import ENDPOINT
+
+
+def parse_answer(status: int, body: bytes) -> tuple[str, bool | None]:
+    """(status as text, the answer's ``cached`` field when it is a 200 with a JSON body)."""
+    if status != 200:
+        return str(status), None
+    try:
+        cached = bool(json.loads(body).get("cached"))
+    except (ValueError, AttributeError):
+        return "bad_json", None
+    return "200", cached
+
+
+async def post_httpx(client: httpx.AsyncClient, body: bytes) -> tuple[str, bool | None]:
+    try:
+        r = await client.post(ENDPOINT, content=body, headers={"content-type": "application/json"})
+    except httpx.TimeoutException:
+        return "timeout", None
+    except httpx.TransportError as e:
+        return f"transport:{type(e).__name__}", None
+    return parse_answer(r.status_code, r.content)
+
+
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection for ``POST`` of JSON bodies, on asyncio streams.
+
+    A load generator must cost the host far less than the server it measures; a general
+    client (httpx) spends milliseconds of CPU per request at high concurrency, this a few
+    tens of microseconds. Plain ``http://`` only; reconnects after any error, and before
+    reusing a connection idle for ``IDLE_REUSE_S`` (uvicorn closes idle ones after 5 s).
+    """
+
+    IDLE_REUSE_S = 2.0
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self.host, self.port, self.timeout_s = host, port, timeout_s
+        self._head = f"Host: {host}:{port}\r\nContent-Type: application/json\r\n".encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.last_used = 0.0
+
+    async def post(self, path: str, body: bytes) -> tuple[str, bool | None]:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                status, data = await self._exchange(path, body)
+        except TimeoutError:
+            self.close()
+            return "timeout", None
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+            self.close()
+            return f"transport:{type(e).__name__}", None
+        return parse_answer(status, data)
+
+    async def _exchange(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is not None and time.monotonic() - self.last_used > self.IDLE_REUSE_S:
+            self.close()  # the server may be closing it (keep-alive timeout): don't race it
+        reused = self.writer is not None
+        if self.writer is None or self.reader is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.reader, self.writer
+        writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\n" + self._head
+                     + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            if not reused or (isinstance(e, asyncio.IncompleteReadError) and e.partial):
+                raise
+            # a kept-alive connection the server closed before answering: the request was
+            # not read; send it once more on a new connection
+            self.close()
+            return await self._exchange(path, body)
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        headers: dict[bytes, bytes] = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(b":")
+            headers[k.strip().lower()] = v.strip().lower()
+        if b"content-length" in headers:
+            data = await reader.readexactly(int(headers[b"content-length"]))
+        elif headers.get(b"transfer-encoding") == b"chunked":
+            parts = []
+            while True:
+                size = int((await reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    while (await reader.readline()) not in (b"\r\n", b""):
+                        pass
+                    break
+                parts.append(await reader.readexactly(size))
+                await reader.readexactly(2)
+            data = b"".join(parts)
+        else:
+            data = await reader.read()
+            headers[b"connection"] = b"close"
+        if headers.get(b"connection") == b"close":
+            self.close()
+        self.last_used = time.monotonic()
+        return status, data
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False).encode()
