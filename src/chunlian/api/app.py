@@ -18,7 +18,7 @@ from starlette.staticfiles import StaticFiles
 
 import chunlian
 from chunlian.api.errors import install_error_handlers
-from chunlian.api.fastpath import CacheHitFastPath
+from chunlian.api.fastpath import PlainCoupletFastPath
 from chunlian.api.jobs_routes import router as jobs_router
 from chunlian.api.middleware import ServiceMiddleware
 from chunlian.api.routes import WEB_DIR, router
@@ -63,7 +63,7 @@ def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
     install_error_handlers(app)
     if WEB_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
-    app.add_middleware(CacheHitFastPath, runtime=runtime)  # inner: after the service checks
+    app.add_middleware(PlainCoupletFastPath, runtime=runtime)  # inner: after the service checks
     app.add_middleware(
         ServiceMiddleware,
         instance_id=settings.instance_id,

@@ -2,7 +2,7 @@
 
 On New Year's Eve most requests repeat a hot line and are cache hits, so their cost is the
 web framework's: routing, dependency solving, pydantic and the response class took about
-half of a hit's CPU time. ``CacheHitFastPath`` (pure ASGI, inside ``ServiceMiddleware``, so
+half of a hit's CPU time. ``PlainCoupletFastPath`` (pure ASGI, inside ``ServiceMiddleware``, so
 request ids, size limits, metrics and the access log still apply) reads the body, and when
 it is a plain, valid request (the fields of ``CoupletIn`` with their exact types, no
 ``regenerate``, ``n`` = 1) answers it itself: from the cache, or through the same service
@@ -74,7 +74,7 @@ async def _read_body(receive: Receive) -> tuple[bytes, Message | None]:
             return b"".join(parts), None
 
 
-class CacheHitFastPath:
+class PlainCoupletFastPath:
     """Answers plain ``POST /v1/couplets`` requests (cache hit or not) before the router
     (module docstring); everything else goes to the router."""
 
