@@ -31,7 +31,7 @@ from chunlian.bench.common import sample_uppers
 from chunlian.config import load_settings
 from chunlian.errors import InvalidInput
 from chunlian.jobs.items import MAX_JOB_ITEMS
-from chunlian.jobs.store import job_keys
+from chunlian.jobs.redis_store import job_keys
 from chunlian.jobs.worker import HANG_TEXT, MAX_TRIES, POISON_TEXT
 from chunlian.text import validate_upper
 from tests.integration.live_server import LiveServer, model_path

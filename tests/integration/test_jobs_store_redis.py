@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from chunlian.jobs.store import RedisJobStore, job_keys
+from chunlian.jobs.redis_store import RedisJobStore, job_keys
 from tests.unit.test_jobs_store import DONE, check_store_contract
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ from typing import Any, Protocol, TypeVar
 from chunlian.config import Settings
 from chunlian.errors import EngineStopped
 from chunlian.jobs.items import Spec, failed_entry
-from chunlian.jobs.store import JobState, RedisJobStore
+from chunlian.jobs.redis_store import RedisJobStore
+from chunlian.jobs.store import JobState
 
 log = logging.getLogger("chunlian.jobs")
 T = TypeVar("T")

@@ -29,7 +29,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init
 
 from chunlian.jobs.celery_app import RETRY_BACKOFF_MAX_S, TASK_NAME, get_app
-from chunlian.jobs.store import RedisJobStore
+from chunlian.jobs.redis_store import RedisJobStore
 from chunlian.jobs.worker import MAX_TRIES, Executor, RetryChunk, fail_remaining, process_chunk
 
 log = logging.getLogger("chunlian.jobs")

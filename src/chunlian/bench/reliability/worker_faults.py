@@ -39,7 +39,9 @@ def jobs_available() -> str | None:
     """None when this build has Celery jobs and a ``chunlian worker`` command, else why not."""
     import importlib.util
 
-    for mod in ("chunlian.jobs.celery_app", "chunlian.jobs.tasks", "chunlian.jobs.store", "chunlian.jobs.cli"):
+    mods = ("chunlian.jobs.celery_app", "chunlian.jobs.tasks", "chunlian.jobs.store",
+            "chunlian.jobs.redis_store", "chunlian.jobs.cli")
+    for mod in mods:
         if importlib.util.find_spec(mod) is None:
             return f"this build has no {mod} (bulk jobs, issue 5)"
     return None
@@ -158,7 +160,7 @@ def _check_job(out: Outcome, api: httpx.Client, job_id: str, items: list[dict[st
 def _job_tries(job_id: str, db: int) -> Counter[int]:
     import redis
 
-    from chunlian.jobs.store import job_keys
+    from chunlian.jobs.redis_store import job_keys
 
     r = redis.Redis(host=HOST, port=REDIS_PORT, db=db, socket_timeout=5, decode_responses=True)
     try:
