@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from chunlian.cluster.launcher import Cluster, ClusterSpec, free_port
+from chunlian.cluster.launcher import Cluster, ClusterSpec
+from chunlian.cluster.procs import free_port
 
 REDIS_URL = "redis://127.0.0.1:6379/10"
 ROOT = Path(__file__).resolve().parents[1]

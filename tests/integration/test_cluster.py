@@ -38,8 +38,9 @@ from typing import Any
 import httpx
 import pytest
 
-from chunlian.cluster.launcher import free_port, worker_command
+from chunlian.cluster.launcher import worker_command
 from chunlian.cluster.nginx import ClusterError, NginxConfig, fill, render, template_text
+from chunlian.cluster.procs import free_port
 from chunlian.errors import ConfigError
 from tests.integration.live_server import model_path
 

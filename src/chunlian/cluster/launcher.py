@@ -15,8 +15,6 @@ Redis is not started here: it is shared state that outlives a cluster (``--redis
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import http.client
 import os
 import shutil
 import signal
@@ -29,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from chunlian.cluster.nginx import (
     ClusterError,
@@ -39,69 +37,13 @@ from chunlian.cluster.nginx import (
     nginx_command,
     write,
 )
+from chunlian.cluster.procs import Child, die_with_parent_of, free_port, http_status, quiet
 from chunlian.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 WORKER_READY = " ready."  # Celery's log line once a worker consumes ("celery@host ready.")
-PR_SET_PDEATHSIG = 1
 
 Say = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    return None
-
-
-# ---- helpers -------------------------------------------------------------------------------
-def free_port(host: str = "127.0.0.1", avoid: Sequence[int] = ()) -> int:
-    """A TCP port that is free on ``host`` right now."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = int(s.getsockname()[1])
-        if port not in avoid:
-            return port
-    raise ClusterError("could not find a free port")
-
-
-def http_status(host: str, port: int, path: str, timeout: float = 2.0) -> int | None:
-    """The status of ``GET path``, or None when nothing answers."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request("GET", path, headers={"Connection": "close"})
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        conn.close()
-
-
-def _libc_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
-        return prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _libc_prctl()
-
-
-def _die_with_parent_of(parent: int) -> Callable[[], None]:
-    """For the child before exec: SIGTERM when the launching thread dies; and if the
-    launcher already died between fork and here (no signal will come), exit at once."""
-
-    def preexec() -> None:
-        if _PRCTL is not None:
-            _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
 
 
 def worker_command() -> list[str] | None:
@@ -180,44 +122,10 @@ class ClusterSpec:
                 raise ConfigError(f"{flag} must be a redis:// URL, got {url!r}")
 
 
-@dataclass
-class Child:
-    """One started process (the leader of its own process group)."""
-
-    role: str  # "instance", "worker" or "nginx"
-    name: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    log_file: IO[bytes]
-    port: int | None = None
-    instance_id: str | None = None
-    ready: bool = False
-    reported_exit: bool = False
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.rstrip().splitlines()[-lines:])
-
-    def signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)  # start_new_session: the pgid is the pid
-
-
 class Cluster:
     """The started topology; use as a context manager or call ``start``/``stop``."""
 
-    def __init__(self, spec: ClusterSpec, say: Say = _quiet) -> None:
+    def __init__(self, spec: ClusterSpec, say: Say = quiet) -> None:
         spec.validate()
         self.spec = spec
         self.say = say
@@ -380,7 +288,7 @@ class Cluster:
             proc = subprocess.Popen(
                 cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                preexec_fn=_die_with_parent_of(os.getpid()),  # noqa: PLW1509 - prctl + getppid only
+                preexec_fn=die_with_parent_of(os.getpid()),  # noqa: PLW1509 - prctl + getppid only
             )
         except OSError as e:
             log_file.close()

@@ -41,7 +41,7 @@ async def instance_fault(*, clients: int = 8, duration_s: float = 30.0, kill_aft
         out.skipped = why
         return out
     from chunlian.cluster.launcher import Cluster, ClusterSpec
-    from chunlian.cluster.launcher import free_port as cluster_free_port
+    from chunlian.cluster.procs import free_port as cluster_free_port
 
     env = {"CHUNLIAN_CACHE_SIZE": "0", "CHUNLIAN_WARMUP": "", "CHUNLIAN_DEVICE": "cpu",
                 "CHUNLIAN_LOG_LEVEL": "WARNING", "CHUNLIAN_MAX_BATCH_SIZE": "16"}
