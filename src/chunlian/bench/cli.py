@@ -13,7 +13,7 @@ def _engine(args: argparse.Namespace) -> int:
 
     sweep = [int(x) for x in args.sweep.split(",")] if args.sweep else None
     report = run(args.model_path, args.max_batch_size, args.requests, args.sequential_requests,
-                 args.threads, sweep, args.device)
+                 args.threads, sweep, args.device, args.rounds)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -36,17 +36,21 @@ def _service(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    from chunlian.bench.http import positive
+
     bench = sub.add_parser("bench", help="benchmarks (ratios measured side by side)")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     e = bsub.add_parser("engine", help="sequential vs static vs continuous batching, offline")
     e.add_argument("--json", action="store_true")
     e.add_argument("--model-path", type=Path, default=None)
     e.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    e.add_argument("--max-batch-size", type=int, default=128)
-    e.add_argument("--requests", type=int, default=800)
-    e.add_argument("--sequential-requests", type=int, default=100)
-    e.add_argument("--threads", type=int, default=2)
+    e.add_argument("--max-batch-size", type=positive(int), default=128)
+    e.add_argument("--requests", type=positive(int), default=800)
+    e.add_argument("--sequential-requests", type=positive(int), default=100)
+    e.add_argument("--threads", type=positive(int), default=2)
     e.add_argument("--sweep", default="", help="also a table by max_batch_size, e.g. 1,8,32,128")
+    e.add_argument("--rounds", type=positive(int), default=2,
+                   help="static and continuous runs each, alternating order; figures are means (default 2)")
     e.set_defaults(fn=_engine)
     v = bsub.add_parser("service", help="cache hits vs a bare FastAPI endpoint; misses vs the engine's peak")
     v.add_argument("--json", action="store_true")

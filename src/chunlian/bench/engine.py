@@ -44,6 +44,11 @@ def length_sample(mix: list[str], count: int) -> list[str]:
     return [ordered[(2 * i + 1) * len(ordered) // (2 * count)] for i in range(count)]
 
 
+def _mean_run(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Field-wise mean of several runs of one mode."""
+    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+
+
 def _mean_chars(lines: list[str]) -> float:
     return round(sum(map(len, lines)) / max(1, len(lines)), 2)
 
@@ -78,12 +83,20 @@ async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], 
 def run(
     model_path: Path | None = None, max_batch_size: int = 128, requests: int = 400,
     sequential_requests: int = 100, threads: int = 2, sweep: list[int] | None = None,
-    device: str = "cpu",
+    device: str = "cpu", rounds: int = 2,
 ) -> dict[str, Any]:
-    """Run the three modes (and an optional batch-size sweep); return one flat report."""
+    """Run the three modes (and an optional batch-size sweep); return one flat report.
+
+    Static and continuous run ``rounds`` times, alternating which goes first, and the
+    figures are their means; sequential runs half its sample before them and half after.
+    The host's speed drifts within a run, and modes measured one after the other once
+    carry that drift into their ratio.
+    """
     from chunlian.engine.runner import single_threaded_here
     from chunlian.model.hengpi import HengpiSelector
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     single_threaded_here()  # the engine threads get ``threads`` (ModelRunner.bind_thread)
     loaded = load_weights(model_path, device)
     hengpi = HengpiSelector.from_loaded(loaded)
@@ -94,9 +107,19 @@ def run(
 
     warm = min(16, max_batch_size)
     asyncio.run(_drive(loaded, mix[:16], warm, "continuous", hengpi, threads))  # warm-up
-    seq = asyncio.run(_drive(loaded, seq_mix, 1, "continuous", hengpi, threads))
-    static = asyncio.run(_drive(loaded, mix, max_batch_size, "static", hengpi, threads))
-    cont = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi, threads))
+    # sequential: half of its sample before the batched runs and half after (two strata of
+    # the same length mix), so that drift of the host's speed falls on both sides
+    halves = [h for h in (seq_mix[0::2], seq_mix[1::2]) if h]
+    seq_runs = [asyncio.run(_drive(loaded, halves[0], 1, "continuous", hengpi, threads))]
+    runs: dict[str, list[dict[str, float]]] = {"static": [], "continuous": []}
+    for i in range(rounds):
+        for mode in ("static", "continuous") if i % 2 == 0 else ("continuous", "static"):
+            runs[mode].append(asyncio.run(_drive(loaded, mix, max_batch_size, mode, hengpi, threads)))
+    for half in halves[1:]:
+        seq_runs.append(asyncio.run(_drive(loaded, half, 1, "continuous", hengpi, threads)))
+    seq = _mean_run(seq_runs)
+    seq["seq_per_s"] = len(seq_mix) / sum(r["wall_s"] for r in seq_runs)
+    static, cont = _mean_run(runs["static"]), _mean_run(runs["continuous"])
     report: dict[str, Any] = {
         "model": loaded.tag,
         "requests": len(mix),
@@ -105,6 +128,7 @@ def run(
         "sequential_mean_chars": _mean_chars(seq_mix),
         "max_batch_size": max_batch_size,
         "torch_threads": threads,
+        "rounds": rounds,
         "sequential_seq_per_s": round(seq["seq_per_s"], 1),
         "static_seq_per_s": round(static["seq_per_s"], 1),
         "continuous_seq_per_s": round(cont["seq_per_s"], 1),
@@ -115,14 +139,16 @@ def run(
         "sequential_p50_ms": round(seq["p50_ms"], 1),
         "static_p99_ms": round(static["p99_ms"], 1),
         "continuous_mean_tokens_per_step": round(cont["mean_batch"], 1),
+        "static_seq_per_s_by_round": [round(x["seq_per_s"], 1) for x in runs["static"]],
+        "continuous_seq_per_s_by_round": [round(x["seq_per_s"], 1) for x in runs["continuous"]],
     }
     if sweep:
         table = []
         for b in sweep:
             lines = seq_mix if b == 1 else mix
-            r = asyncio.run(_drive(loaded, lines, b, "continuous", hengpi, threads))
-            table.append({"max_batch_size": b, "seq_per_s": round(r["seq_per_s"], 1),
-                          "p50_ms": round(r["p50_ms"], 1), "p99_ms": round(r["p99_ms"], 1),
+            point = asyncio.run(_drive(loaded, lines, b, "continuous", hengpi, threads))
+            table.append({"max_batch_size": b, "seq_per_s": round(point["seq_per_s"], 1),
+                          "p50_ms": round(point["p50_ms"], 1), "p99_ms": round(point["p99_ms"], 1),
                           "requests": len(lines)})
         report["sweep"] = table
     return report

@@ -45,7 +45,8 @@ def _ratio(text: str) -> float:
     return v
 
 
-def _positive(kind: type) -> Any:
+def positive(kind: type) -> Any:
+    """An argparse type: ``kind`` of the text, which must be > 0."""
     def conv(text: str) -> Any:
         v = kind(text)
         if v <= 0:
@@ -153,9 +154,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser, concurrency: int, duration: float, warmup: float) -> None:
-    p.add_argument("--concurrency", type=_positive(int), default=concurrency,
+    p.add_argument("--concurrency", type=positive(int), default=concurrency,
                    help=f"requests in flight at once (closed loop; default {concurrency})")
-    p.add_argument("--duration", type=_positive(float), default=duration,
+    p.add_argument("--duration", type=positive(float), default=duration,
                    help=f"seconds of measured load per run (default {duration:g})")
     p.add_argument("--warmup", type=float, default=warmup,
                    help=f"seconds of unmeasured warm-up load first (default {warmup:g})")
@@ -179,12 +180,12 @@ def register(bsub: Any) -> None:
     h = bsub.add_parser("http", help="load-test a running service over HTTP")
     h.add_argument("--url", default=DEFAULT_URL, help=f"the service (default {DEFAULT_URL})")
     _common(h, concurrency=32, duration=10.0, warmup=0.0)
-    h.add_argument("--requests", type=_positive(int), default=100_000, help="most requests to send (default 100000)")
+    h.add_argument("--requests", type=positive(int), default=100_000, help="most requests to send (default 100000)")
     h.add_argument("--unique-ratio", type=_ratio, default=1.0,
                    help="share of requests that are fresh lines; the rest repeat a hot set (default 1)")
-    h.add_argument("--hot-size", type=_positive(int), default=16, help="lines in the hot set (default 16)")
+    h.add_argument("--hot-size", type=positive(int), default=16, help="lines in the hot set (default 16)")
     h.add_argument("--seed", type=int, default=0, help="seed of the request mix; another seed sends other fresh requests (default 0)")
-    h.add_argument("--timeout", type=_positive(float), default=30.0, help="per-request client timeout, s")
+    h.add_argument("--timeout", type=positive(float), default=30.0, help="per-request client timeout, s")
     h.add_argument("--client", choices=["auto", "raw", "httpx"], default="auto",
                    help="raw: a lean HTTP/1.1 client (http only); auto: raw for http, httpx for https")
     h.add_argument("--server-pid", type=int, default=None, help="a local server process: report its CPU use")
@@ -198,8 +199,8 @@ def register(bsub: Any) -> None:
                    help="max_batch_size values (default 1,4,8,16,32,64,128)")
     s.add_argument("--wait-ms", type=_csv_floats, default=(0.0, 5.0, 20.0),
                    help="max_wait_ms values (default 0,5,20)")
-    s.add_argument("--requests", type=_positive(int), default=1_000_000, help="most requests per point")
-    s.add_argument("--slo-p99-ms", type=_positive(float), default=1000.0,
+    s.add_argument("--requests", type=positive(int), default=1_000_000, help="most requests per point")
+    s.add_argument("--slo-p99-ms", type=positive(float), default=1000.0,
                    help="p99 bound used to pick the best point (default 1000)")
     s.add_argument("--plot", type=Path, default=None, help="the plot's path (default OUT_DIR/sweep.png)")
     s.add_argument("--title", default="", help="a title for the table and the plot")
@@ -210,5 +211,5 @@ def register(bsub: Any) -> None:
     _server_flags(c)
     c.add_argument("--repeat-ratio", type=_ratio, default=0.3,
                    help="share of requests repeating the hot set in the mixed load (default 0.3)")
-    c.add_argument("--hot-size", type=_positive(int), default=16, help="lines in the hot set (default 16)")
+    c.add_argument("--hot-size", type=positive(int), default=16, help="lines in the hot set (default 16)")
     c.set_defaults(fn=cmd_compare)

@@ -1,0 +1,24 @@
+"""``chunlian bench engine`` on a tiny workload: every mode runs, rounds alternate, the
+report holds the keys the issue asks for."""
+
+from __future__ import annotations
+
+from chunlian.bench.engine import run
+
+ASKED = ("sequential_seq_per_s", "static_seq_per_s", "continuous_seq_per_s",
+         "ratio_continuous_vs_sequential", "ratio_continuous_vs_static", "p50_ms", "p99_ms",
+         "max_batch_size")
+
+
+def test_engine_bench_reports_every_asked_key_with_rounds() -> None:
+    rep = run(max_batch_size=4, requests=12, sequential_requests=3, threads=1, rounds=2, sweep=[1, 4])
+    for key in ASKED:
+        assert rep[key] > 0, key
+    assert rep["sequential_requests"] == 3 and rep["requests"] == 12 and rep["rounds"] == 2
+    assert len(rep["static_seq_per_s_by_round"]) == 2 == len(rep["continuous_seq_per_s_by_round"])
+    mean = sum(rep["continuous_seq_per_s_by_round"]) / 2
+    assert abs(rep["continuous_seq_per_s"] - mean) <= 0.1
+    # ratios of the rounded rates, up to the rounding of the rates themselves
+    want = rep["continuous_seq_per_s"] / rep["sequential_seq_per_s"]
+    assert abs(rep["ratio_continuous_vs_sequential"] - want) <= 0.02 * want
+    assert [p["max_batch_size"] for p in rep["sweep"]] == [1, 4]
