@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     # that wait): a prefill costs a whole forward pass, so one per step would halve decoding.
     # 0 = auto (max_batch_size // 8, at least 1); 1 = admit at every step.
     min_prefill_seqs: int = Field(0, ge=0, le=4096)
+    # the engine thread (and the torch threads it starts) runs this much nicer than the
+    # process: when the web server and the model compete for the cores the web server wins,
+    # so answers, 429s and deadlines stay on time under overload; when it idles, the engine
+    # still gets every cycle. 0 = same priority.
+    engine_nice: int = Field(5, ge=0, le=19)
 
     cache_size: int = Field(100_000, ge=0)
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 from chunlian.engine.request import SeqOutput, SeqSpec
@@ -24,9 +25,11 @@ class FakeRunner:
         self.gate: threading.Event | None = None
         self.fail_on: str | None = None
         self.bound_thread: str | None = None
+        self.bound_nice: int | None = None
 
     def bind_thread(self) -> None:
         self.bound_thread = threading.current_thread().name
+        self.bound_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     def _wait(self) -> None:
         if self.gate is not None:

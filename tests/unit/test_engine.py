@@ -7,6 +7,7 @@ the engine with a gate instead of sleeping, so nothing depends on timing.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator
 
@@ -62,6 +63,11 @@ async def test_the_runner_is_bound_to_the_engine_thread(engine: tuple[Engine, Fa
     eng, runner = engine
     await eng.generate(CoupletRequest(upper="春回大地"))
     assert runner.bound_thread == "chunlian-engine"
+    # the engine thread runs nicer than the event loop's (settings.engine_nice, default 5)
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert runner.bound_nice == min(19, here + eng.settings.engine_nice)
+    assert eng.settings.engine_nice == 5
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # this thread untouched
 
 
 async def test_n_best_returns_all_candidates_best_first(engine: tuple[Engine, FakeRunner]) -> None:

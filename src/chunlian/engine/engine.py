@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -257,6 +258,7 @@ class Engine:
     # ---- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            lower_thread_priority(self.settings.engine_nice)
             self.runner.bind_thread()
             while True:
                 with self._cv:
@@ -393,3 +395,18 @@ class Engine:
             self._seq_owner.clear()
         for p in pending:
             self._complete(p, error=error)
+
+
+def lower_thread_priority(nice: int) -> bool:
+    """Raise the calling thread's nice value by ``nice`` (Linux: per thread, inherited by
+    the threads it starts afterwards, such as torch's OpenMP workers). Returns whether it
+    took effect; lowering a priority needs no privilege, so failure is only logged."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return False
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as e:
+        log.warning("could not lower the engine thread's priority: %s", e)
+        return False
+    return True
