@@ -8,13 +8,15 @@ Identical concurrent misses are merged by the engine's coalescing, not here.
 
 Deadlines count from the request's arrival (``arrival_s``, ``time.perf_counter()`` when the
 app first saw it): the engine gets what is left of the budget, a request whose budget is
-already spent never reaches it, and an answer ready only after the deadline is cached but
-answered as ``DeadlineExceeded`` (under a connection storm the event loop itself can hold a
-request for a while before and after the engine).
+already spent never reaches it, and the caller gets ``DeadlineExceeded`` *at* the deadline
+even when its generation is still running (the engine drops expired requests from its queue,
+but a sequence already decoding finishes; under overload a step can be slow). That
+generation goes on and its answer is cached, so a retry of the same line is a hit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
@@ -89,15 +91,30 @@ class CoupletService:
             if left_s <= 0:
                 raise DeadlineExceeded(f"deadline of {timeout_s:.3f} s passed before generation began")
             req = replace(req, timeout_s=left_s)
-        if regenerate:
-            fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
-            result = await self.engine.generate(fresh)
-        else:
-            result = await self.engine.generate(req)
-            await self.cache.put(cache_key(self.engine.model_tag, req), result)
-        if deadline_s is not None and time.perf_counter() > deadline_s:
+        work = asyncio.ensure_future(self._generate(req, regenerate))
+        if deadline_s is None:
+            return Answer(await work, False)
+        try:
+            # not wait_for: at the deadline the generation must go on (and be cached)
+            await asyncio.wait({work}, timeout=max(0.0, deadline_s - time.perf_counter()))
+        except asyncio.CancelledError:  # the caller is gone: so is its generation
+            work.cancel()
+            raise
+        if not work.done():
+            work.add_done_callback(_settle_orphan)
+            raise DeadlineExceeded("deadline passed during generation (its answer will be cached)")
+        result = work.result()
+        if time.perf_counter() > deadline_s:
             raise DeadlineExceeded("deadline passed while the answer was on its way (it is cached)")
         return Answer(result, False)
+
+    async def _generate(self, req: CoupletRequest, regenerate: bool) -> CoupletResult:
+        if regenerate:
+            fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
+            return await self.engine.generate(fresh)
+        result = await self.engine.generate(req)
+        await self.cache.put(cache_key(self.engine.model_tag, req), result)
+        return result
 
     async def answer(
         self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None
@@ -108,3 +125,10 @@ class CoupletService:
             if hit is not None:
                 return hit
         return await self.generate(req, regenerate=regenerate, arrival_s=arrival_s)
+
+
+def _settle_orphan(work: asyncio.Future[CoupletResult]) -> None:
+    """Retrieve the outcome of a generation whose caller got its deadline error (its errors
+    were already answered for; this keeps asyncio from reporting them as never retrieved)."""
+    if not work.cancelled():
+        work.exception()
