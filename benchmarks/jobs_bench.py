@@ -10,8 +10,9 @@
    in-process bulk job (thousands of items, ``bulk`` priority, the same engine) runs on
    it. Ratio of the p99s; and how many bulk items got done meanwhile.
 4. ``colocated`` (``--colocated``): the same interactive load while a Celery worker on the
-   same machine runs a job, (a) with its own model (competing for the cores), (b) with
-   ``--engine-url`` (items sent to the instance's engine at bulk priority).
+   same machine runs a job, (a) with its own model (competing for the cores; at the default
+   ``worker_nice`` and, for comparison, not niced), (b) with ``--engine-url`` (items sent to
+   the instance's engine at bulk priority).
 
     python benchmarks/jobs_bench.py [--threads 2] [--items 1000] [--duration 20] [--colocated]
 
@@ -373,17 +374,20 @@ def colocated(threads: int, batch: int, concurrency: int, duration: float, items
     out: dict[str, Any] = {}
     server, url = start_server(base_env(threads, batch), logs)
     try:
-        pool = distinct_uppers(20000, 2)
+        pool = distinct_uppers(26000, 2)
         asyncio.run(interactive_load(url, pool[:300], concurrency, 5))
         wait_quiet("colocated_alone", QUIET_S)
         meter = CpuMeter({server.p.pid})
         out["alone"] = asyncio.run(interactive_load(url, pool[300:6000], concurrency, duration))
         out["alone"]["cpu"] = meter.report()
-        for name, extra, k in (("worker_own_model", [], 1), ("worker_via_engine_url", ["--engine-url", url], 2)):
+        variants = (("worker_own_model", [], 1, {}),
+                    ("worker_own_model_not_niced", [], 3, {"CHUNLIAN_WORKER_NICE": "0"}),
+                    ("worker_via_engine_url", ["--engine-url", url], 2, {}))
+        for name, extra, k, env_extra in variants:
             queue = f"jobs-bench-{uuid.uuid4().hex[:8]}"
             jobs = CeleryJobs(celery_settings(queue, 50, threads, batch))
             env = base_env(threads, batch) | {"CHUNLIAN_BROKER_URL": REDIS_URL, "CHUNLIAN_JOB_QUEUE": queue,
-                                              "CHUNLIAN_JOB_RESULT_TTL_S": "3600"}
+                                              "CHUNLIAN_JOB_RESULT_TTL_S": "3600"} | env_extra
             wait_quiet(f"colocated_{name}", QUIET_S)
             worker = start_worker(env, logs, extra)
             job_id = ""

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     # so answers, 429s and deadlines stay on time under overload; when it idles, the engine
     # still gets every cycle. 0 = same priority.
     engine_nice: int = Field(5, ge=0, le=19)
+    # a `chunlian worker` process (and its pool) runs this much nicer: bulk work yields the
+    # cores to interactive instances on the same machine and takes them all when those idle
+    worker_nice: int = Field(10, ge=0, le=19)
 
     cache_size: int = Field(100_000, ge=0)
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=1)

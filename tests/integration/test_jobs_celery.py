@@ -209,6 +209,11 @@ def run_worker(weights: Path, log_dir: Path, **env: str) -> Worker:
 
 
 # ---- the tests ----------------------------------------------------------------------------------
+def nice_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[16])  # field 19: nice
+
+
 def test_500_items_complete_with_every_result(api: httpx.Client, rds: redis.Redis, weights: Path, log_dir: Path) -> None:
     lines = uppers(500)
     job_id = submit(api, [{"upper": u} for u in lines])
@@ -216,6 +221,9 @@ def test_500_items_complete_with_every_result(api: httpx.Client, rds: redis.Redi
     worker = Worker(weights, log_dir)
     try:
         worker.start()
+        assert worker.proc is not None
+        # bulk yields to interactive work: the worker and its pool run at worker_nice (10)
+        assert nice_of(worker.proc.pid) == min(19, os.nice(0) + 10)
         body = wait_until(lambda: finished(api, job_id), 600, "the 500-item job", every_s=1.0)
     finally:
         worker.stop()

@@ -32,6 +32,9 @@ def serve(settings: Settings) -> None:
     """
     import uvicorn
 
+    from chunlian.omp import bound_spin_wait
+
+    bound_spin_wait()  # before the engine imports torch (chunlian.omp says why)
     configure_logging(settings.log_level)
     config = uvicorn.Config(
         create_app(settings),

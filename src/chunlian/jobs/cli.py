@@ -178,6 +178,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a Celery worker for the job queue (this process becomes the worker)."""
+    from chunlian.omp import bound_spin_wait
+
+    bound_spin_wait()  # before anything imports torch (chunlian.omp says why)
     if args.broker:
         os.environ["CHUNLIAN_BROKER_URL"] = args.broker
     if args.queue:
@@ -188,6 +191,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     app = get_app()  # ConfigError (exit 2) without a broker
     settings = app.chunlian_settings
+    if settings.worker_nice:  # the pool's processes are forked from this one: they inherit it
+        os.nice(settings.worker_nice)
     argv = [
         "worker", f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}",
         f"--queues={settings.job_queue}", f"--hostname=chunlian-{os.getpid()}@%h",

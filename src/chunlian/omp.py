@@ -1,0 +1,24 @@
+"""OpenMP wait policy for processes that share their cores (the service, the job worker).
+
+libgomp's idle threads spin before they sleep: 300,000 rounds by default, several
+milliseconds on these CPUs. That is ideal for one process alone and ruinous for two: a
+worker's spinning threads took the cores the service's engine needed (interactive p99 14.9x
+its alone value with a job worker beside it, and 2.2 bulk items/s). A short spin (10,000
+rounds) still bridges the gaps between the ops of one forward pass, so the service alone is
+as fast (misses at c=64 within noise), and sleeps soon after: p99 4.2x, 23.7 bulk items/s.
+Measured in ``benchmarks/jobs_bench.py --colocated`` and ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+SPIN_COUNT = 10_000
+
+
+def bound_spin_wait() -> bool:
+    """Set ``GOMP_SPINCOUNT`` (unless set) for the OpenMP runtime torch will load. Returns
+    False when torch is already imported: the runtime read its environment then."""
+    os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
+    return "torch" not in sys.modules
