@@ -4,9 +4,10 @@ libgomp's idle threads spin before they sleep: 300,000 rounds by default, severa
 milliseconds on these CPUs. That is ideal for one process alone and ruinous for two: a
 worker's spinning threads took the cores the service's engine needed (interactive p99 14.9x
 its alone value with a job worker beside it, and 2.2 bulk items/s). A short spin (10,000
-rounds) still bridges the gaps between the ops of one forward pass, so the service alone is
-as fast (misses at c=64 within noise), and sleeps soon after: p99 4.2x, 23.7 bulk items/s.
-Measured in ``benchmarks/jobs_bench.py --colocated`` and ``docs/benchmarks.md``.
+rounds) still bridges most gaps between the ops of one forward pass and sleeps soon after:
+p99 3.2-4.2x, 23.6 bulk items/s (30,000 rounds: 8.8x). The price, for a service alone on
+its machine: about 6% of miss throughput (three interleaved rounds at c=64: 145 against
+155 req/s). Measured with ``benchmarks/jobs_bench.py --colocated``; ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
