@@ -128,7 +128,7 @@ class OfflineGenerator:
         from chunlian.model.beam import BeamSearcher
 
         searcher = BeamSearcher(
-            self.loaded, self.runner.constrainer, self.runner.blocklist, self.runner.tone_bias,
+            self.loaded, self.runner.constrainer, self.runner.tone_bias,
             max_rows=max(self.runner.capacity, self.beam_width),
         )
         found = searcher.search([(r.upper or "", r.style) for r in todo], self.beam_width)

@@ -64,7 +64,7 @@ def assert_rules(upper: str, lower: str) -> None:
 
 def searcher(max_rows: int = 256) -> BeamSearcher:
     runner = ModelRunner(shipped(), 16)
-    return BeamSearcher(shipped(), runner.constrainer, runner.blocklist, runner.tone_bias, max_rows)
+    return BeamSearcher(shipped(), runner.constrainer, runner.tone_bias, max_rows)
 
 
 def test_beam_of_width_one_is_greedy() -> None:

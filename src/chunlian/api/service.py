@@ -91,9 +91,9 @@ class CoupletService:
             if left_s <= 0:
                 raise DeadlineExceeded(f"deadline of {timeout_s:.3f} s passed before generation began")
             req = replace(req, timeout_s=left_s)
-        work = asyncio.ensure_future(self._generate(req, regenerate))
         if deadline_s is None:
-            return Answer(await work, False)
+            return Answer(await self._generate(req, regenerate), False)
+        work = asyncio.ensure_future(self._generate(req, regenerate))
         try:
             # not wait_for: at the deadline the generation must go on (and be cached)
             await asyncio.wait({work}, timeout=max(0.0, deadline_s - time.perf_counter()))

@@ -1,4 +1,4 @@
-"""Constrained beam search for 下联 lines (offline: evaluation, CLI, bulk quality mode).
+"""Constrained beam search for 下联 lines (offline: evaluation and the CLI).
 
 Greedy decoding commits to the single best character at every step; a beam keeps the
 ``width`` best partial lines of each request (by summed log-probability over the allowed
@@ -10,7 +10,8 @@ always compared at equal length (no length normalisation is needed). Requests ar
 by 上联 length: a group's prompts need no padding and its beams all finish at one step.
 
 Rows of the KV cache: request ``b``'s beam ``k`` lives in row ``b * width + k``; after each
-step the surviving beams' rows are gathered into place (``_reorder``).
+step the surviving beams' rows are gathered into place (``_reorder``). One cache of
+``max_rows`` rows serves every group: each position is written before it is read.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from chunlian.data.blocklist import Blocklist
 from chunlian.model.checkpoint import LoadedModel
 from chunlian.model.decoding import Constrainer, LineState
-from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
+from chunlian.model.tokenizer import PREFIX_LEN, lower_role, sequence_roles
 from chunlian.model.transformer import KVCache
 
 
@@ -39,16 +39,15 @@ class BeamSearcher:
     """Beam search over one loaded model; ``max_rows`` bounds beams in flight (requests x width)."""
 
     def __init__(
-        self, loaded: LoadedModel, constrainer: Constrainer, blocklist: Blocklist,
-        tone_bias: float, max_rows: int = 256,
+        self, loaded: LoadedModel, constrainer: Constrainer, tone_bias: float, max_rows: int = 256,
     ) -> None:
         self.model = loaded.model.eval()
         self.tok = loaded.tokenizer
         self.constrainer = constrainer
-        self.blocklist = blocklist
         self.tone_bias = tone_bias
         self.max_rows = max_rows
         self.device = next(self.model.parameters()).device
+        self._cache: KVCache | None = None  # allocated at the first search, then reused
 
     def search(self, items: Sequence[tuple[str, str]], width: int) -> list[BeamResult]:
         """Best 下联 for each ``(upper, style)``, in input order."""
@@ -59,23 +58,27 @@ class BeamSearcher:
         for i, (upper, _) in enumerate(items):
             by_len.setdefault(len(upper), []).append(i)
         per_group = max(1, self.max_rows // width)
+        rows = per_group * width
+        if self._cache is None or self._cache.rows < rows:
+            self._cache = KVCache(self.model.cfg, rows, self.device, torch.float32)
+        cache = self._cache
         for idxs in by_len.values():
             for start in range(0, len(idxs), per_group):
                 chunk = idxs[start : start + per_group]
-                for i, res in zip(chunk, self._group([items[i] for i in chunk], width), strict=True):
+                for i, res in zip(chunk, self._group(cache, [items[i] for i in chunk], width), strict=True):
                     out[i] = res
         return [r for r in out if r is not None]
 
     @torch.inference_mode()
-    def _group(self, items: list[tuple[str, str]], K: int) -> list[BeamResult]:
-        """Beam search for requests whose upper lines all have one length ``n``."""
+    def _group(self, cache: KVCache, items: list[tuple[str, str]], K: int) -> list[BeamResult]:
+        """Beam search for requests whose upper lines all have one length ``n``, in the first
+        ``len(items) * K`` rows of ``cache``."""
         tok, dev = self.tok, self.device
         B, n = len(items), len(items[0][0])
         R = B * K
-        cache = KVCache(self.model.cfg, R, dev, torch.float32)
         prompts = [tok.prefix(style) + tok.encode(upper) + [tok.sep_id] for upper, style in items]
         T = len(prompts[0])  # equal for the whole group
-        roles = [0] * PREFIX_LEN + [upper_role(i) for i in range(n)] + [lower_role(0)]
+        roles = sequence_roles(n, 0)  # prefix, 上联, SEP
         idx = torch.tensor(prompts, device=dev)  # [B, T]
         pos = torch.arange(T, device=dev).expand(B, T)
         role = torch.tensor(roles, device=dev).expand(B, T)
