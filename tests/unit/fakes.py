@@ -18,6 +18,7 @@ class FakeRunner:
     def __init__(self, capacity: int = 8) -> None:
         self.capacity = capacity
         self.tokens_emitted = 0
+        self.padded_batches = False  # set by the engine; the fake's steps ignore it
         self.live: dict[int, tuple[SeqSpec, int]] = {}
         self.prefilled: list[int] = []
         self.released: list[int] = []

@@ -15,7 +15,9 @@ def test_engine_bench_reports_every_asked_key_with_rounds() -> None:
     for key in ASKED:
         assert rep[key] > 0, key
     assert rep["sequential_requests"] == 3 and rep["requests"] == 12 and rep["rounds"] == 2
-    assert len(rep["static_seq_per_s_by_round"]) == 2 == len(rep["continuous_seq_per_s_by_round"])
+    for mode in ("static", "static_retire", "continuous"):
+        assert len(rep[f"{mode}_seq_per_s_by_round"]) == 2
+    assert rep["static_retire_seq_per_s"] > 0 and rep["ratio_continuous_vs_static_retire"] > 0
     mean = sum(rep["continuous_seq_per_s_by_round"]) / 2
     assert abs(rep["continuous_seq_per_s"] - mean) <= 0.1
     # ratios of the rounded rates, up to the rounding of the rates themselves

@@ -220,3 +220,10 @@ async def test_cancelled_error_is_a_cancel_not_a_failure(engine: tuple[Engine, F
     eng.scheduler.cancel(12345)  # unknown ids are ignored
     assert isinstance(Cancelled("x"), Exception)
     assert (await eng.generate(CoupletRequest(upper="春回大地"))).best.upper == "春回大地"
+
+
+def test_static_batching_asks_the_runner_for_padded_batches() -> None:
+    """``batching = "static"`` is request-level batching: the runner keeps each admitted
+    batch as one padded rectangle; continuous batching retires rows at once."""
+    assert make(batching="static")[1].padded_batches is True
+    assert make(batching="continuous")[1].padded_batches is False

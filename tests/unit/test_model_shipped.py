@@ -96,6 +96,31 @@ def test_batched_greedy_equals_one_at_a_time() -> None:
     assert batched == alone
 
 
+def test_a_padded_batch_gives_the_same_answers_and_holds_its_rows_to_the_end() -> None:
+    """Static batching's padded rectangle: one prefill padded to the longest prompt, finished
+    rows kept in the decode forward (fed padding) until the longest ends - and yet every
+    answer is the one the request gets alone, returned as soon as it is complete."""
+    loaded = shipped()
+    runner = ModelRunner(loaded, 16)
+    runner.padded_batches = True
+    batch = specs()
+    finished = runner.prefill(batch)
+    rows_per_step = [runner.n_live]
+    while runner.n_live:
+        finished += runner.decode()
+        rows_per_step.append(runner.n_live)
+    longest = max(len(u) for u in UPPERS)
+    # every row stays until the longest line's last character, then all leave at once
+    assert rows_per_step == [len(batch)] * (longest - 1) + [0]
+    by_id = {s.seq_id: s.upper for s in batch}
+    got = {by_id[o.seq_id]: o.lower for o in finished}
+    alone = {s.upper: lowers(ModelRunner(loaded, 1), [s])[s.upper] for s in batch}  # type: ignore[index]
+    assert got == alone
+    runner.prefill(specs(first_id=100)[:1])  # the next batch starts on an empty runner
+    with pytest.raises(ValueError, match="padded batch"):  # nothing joins a running one
+        runner.prefill(specs(first_id=200)[:1])
+
+
 def test_a_seed_gives_the_same_sample_whatever_the_batch() -> None:
     loaded = shipped()
     batched = lowers(ModelRunner(loaded, 16), specs(greedy=False))

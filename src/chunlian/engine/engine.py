@@ -51,6 +51,7 @@ class Runner(Protocol):
 
     capacity: int
     tokens_emitted: int
+    padded_batches: bool  # set for static batching: one padded rectangle per batch
 
     def prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
     def decode(self) -> list[SeqOutput]: ...
@@ -109,6 +110,7 @@ class Engine:
             raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {settings.max_batch_size}")
         self.settings = settings
         self.runner = runner
+        runner.padded_batches = settings.batching == "static"
         self.hengpi = hengpi
         self.model_tag = model_tag
         self.scheduler = Scheduler(SchedulerConfig(

@@ -9,6 +9,12 @@ row into it), so a decode step attends over a plain slice of the cache, with no 
 * ``decode()``: one token for every live row, each at its own position.
 Both apply the couplet rules (``model.decoding``) as batched logit masks and return the
 sequences that finished during the call; finished sequences leave at once.
+
+``padded_batches`` (the engine sets it for ``batching = "static"``) makes the runner batch
+as request-level batching does (the seeds, HF ``generate``): an admitted batch is one
+rectangle - one prefill forward padded to its longest prompt, and every row stays in the
+decode forward (fed padding) until the batch's longest sequence finishes. A finished row's
+answer is still returned at once, and its rule work is skipped.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class _Row:
     pending_sep: bool = False
     gen: torch.Generator | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    retired: bool = False  # finished, kept as padding of a padded batch (``padded_batches``)
 
 
 class ModelRunner:
@@ -72,6 +79,7 @@ class ModelRunner:
         self.tone_bias = tone_bias
         self.rows: list[_Row] = []
         self.tokens_emitted = 0
+        self.padded_batches = False  # request-level batches (module docstring)
 
     @classmethod
     def from_path(cls, path: Path | None, capacity: int, device: str = "cpu") -> ModelRunner:
@@ -107,6 +115,8 @@ class ModelRunner:
                 self._remove_row(i)
             else:
                 i += 1
+        if all(r.retired for r in self.rows):  # what is left of a padded batch is padding
+            self.rows.clear()
 
     def _remove_row(self, i: int) -> None:
         last = len(self.rows) - 1
@@ -127,8 +137,11 @@ class ModelRunner:
             return []
         if len(specs) > self.capacity - self.n_live:
             raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
+        if self.padded_batches and self.rows:
+            raise ValueError("a padded batch admits nothing until it has finished")
+        chunks = [specs] if self.padded_batches else prefill_chunks(specs, self._prompt_len)
         out: list[SeqOutput] = []
-        for chunk in prefill_chunks(specs, self._prompt_len):
+        for chunk in chunks:
             out.extend(self._prefill(chunk))
         return out
 
@@ -199,7 +212,10 @@ class ModelRunner:
         logits = self.model(idx, pos[:, None], role, mask, self.cache, cache_pos=pos)[:, 0]  # [B, V]
         for r in self.rows:
             r.next_pos += 1
-        return self._emit(logits, list(self.rows))
+        live = [b for b, r in enumerate(self.rows) if not r.retired]
+        if len(live) < len(self.rows):  # a padded batch: its finished rows were computed, unused
+            logits = logits[torch.tensor(live, device=dev)]
+        return self._emit(logits, [self.rows[b] for b in live])
 
     # ---- token choice --------------------------------------------------------------------
     def _emit(self, logits: Tensor, rows: list[_Row]) -> list[SeqOutput]:
@@ -218,11 +234,10 @@ class ModelRunner:
                 choice[sel] = self._sample_top_k(logits[sel], [rows[b] for b in batched])
             for b in sorted(set(sampled) - set(batched)):
                 choice[b] = self._sample(logits[b], rows[b])
-        # log-probability renormalised over the allowed tokens (forced rows are not scored)
-        # log-sum-exp around the row maximum found above (finite: a row always has a choice)
-        top = con.top_value[:, None]
-        lse = (logits - top).exp_().sum(dim=-1).log_() + con.top_value
-        chosen_lp = (logits.gather(1, choice[:, None])[:, 0] - lse).tolist()
+        # log-probability renormalised over the allowed tokens (forced rows are not scored);
+        # log_softmax, not logsumexp: 4x faster here on rows full of -inf (0.65 vs 2.6 ms
+        # at 256 rows), and finite, since a row always has a choice
+        chosen_lp = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None])[:, 0].tolist()
         choice_l = choice.tolist()
         finished: list[SeqOutput] = []
         for b, r in enumerate(rows):
@@ -245,14 +260,19 @@ class ModelRunner:
             r.next_id = tok.stoi.get(ch, tok.unk_id)
             if was_upper and r.state.phase == "lower":
                 r.pending_sep = True
-        done = [i for i, r in enumerate(self.rows) if r.state.done]
+        done = [i for i, r in enumerate(self.rows) if r.state.done and not r.retired]
         for i in reversed(done):
             r = self.rows[i]
             finished.append(
                 SeqOutput(r.spec.seq_id, r.state.upper, r.state.lower,
                           r.logprob_sum / max(1, r.n_scored))
             )
-            self._remove_row(i)
+            if self.padded_batches:
+                r.retired, r.next_id = True, tok.pad_id
+            else:
+                self._remove_row(i)
+        if self.padded_batches and all(r.retired for r in self.rows):
+            self.rows.clear()  # the batch is over: its slots are free at once
         return finished
 
     def _sample_top_k(self, logits: Tensor, rows: list[_Row]) -> Tensor:

@@ -97,7 +97,7 @@ class BeamSearcher:
         n_scored = 0
         for j in range(n):
             con = self.constrainer.apply(logits.float(), states, self.tone_bias)
-            step_lp = con.scores - torch.logsumexp(con.scores, dim=1, keepdim=True)  # [R, V]
+            step_lp = torch.log_softmax(con.scores, dim=1)  # [R, V]
             forced_rows = [r for r, f in enumerate(con.forced) if f is not None]
             if forced_rows:  # a forced character costs nothing and is the row's only choice
                 fr = torch.tensor(forced_rows, device=dev)

@@ -39,6 +39,7 @@ from chunlian.text import checked_positions, is_han, tone_class
 
 # which tone to push towards at a position: 0 none, 1 ping, 2 ze
 WANT_NONE, WANT_PING, WANT_ZE = 0, 1, 2
+_NOTHING: frozenset[str] = frozenset()
 _WILD = "?"  # the character being chosen, inside a blocklist window key
 
 
@@ -66,6 +67,35 @@ def _roots(upper: str) -> tuple[int, ...]:
 @lru_cache(maxsize=4096)
 def _han_set(line: str) -> frozenset[str]:
     return frozenset(c for c in line if is_han(c))
+
+
+# What a 下联 position needs, fixed by the 上联 alone (``_lower_plan``): a forced copy of
+# the 上联's punctuation, a forced repeat of an earlier position, or a free choice with the
+# tone it wants and whether that tone is hard.
+_PUNCT, _REPEAT, _FREE = 0, 1, 2
+
+
+@lru_cache(maxsize=4096)
+def _lower_plan(upper: str) -> tuple[tuple[int, str | int, int, bool], ...]:
+    """Per 下联 position: ``(_PUNCT, char, 0, False)``, ``(_REPEAT, root, 0, False)`` or
+    ``(_FREE, '', want, hard)``; computed once per 上联, read at every step."""
+    roots = _roots(upper)
+    checked = checked_positions(upper)
+    last = len(upper) - 1
+    plan: list[tuple[int, str | int, int, bool]] = []
+    for j, c in enumerate(upper):
+        if not is_han(c):
+            plan.append((_PUNCT, c, WANT_NONE, False))
+        elif roots[j] < j:
+            plan.append((_REPEAT, roots[j], WANT_NONE, False))
+        elif upper[last] == c and tone_class(c) == "ze":
+            # the 平 ending applies here: this position's repeat group holds the last one
+            plan.append((_FREE, "", WANT_PING, True))
+        else:
+            t = tone_class(c) if j in checked else ""
+            want = WANT_PING if t == "ze" else WANT_ZE if t == "ping" else WANT_NONE
+            plan.append((_FREE, "", want, False))
+    return tuple(plan)
 
 
 @lru_cache(maxsize=16384)
@@ -131,37 +161,36 @@ class LineState:
 
         The last element is a hard tone: ``WANT_PING``/``WANT_ZE`` when the rule is hard.
         """
+        forced, fixed, extra, want, hard = self.rule_parts(blocklist)
+        return forced, set(fixed) | extra, want, hard
+
+    def rule_parts(
+        self, blocklist: Blocklist
+    ) -> tuple[str | None, frozenset[str], set[str], int, bool]:
+        """``next_rule`` with the bans in two parts: ``fixed``, a frozenset shared by every
+        step of the line (the 上联's Han characters; callers may cache per object), and
+        ``extra``, this step's own (characters used so far, blocklist completions)."""
         if self.phase == "upper":
             i = len(self.upper)
             if i in self.upper_forced:
-                return self.upper_forced[i], set(), WANT_NONE, False
+                return self.upper_forced[i], _NOTHING, set(), WANT_NONE, False
             # a composed 上联 repeats no character: repeats read as stutter, not as wordplay
-            banned = set(blocklist.banned_next(self.upper)) | set(self.upper_banned) | set(self.upper)
+            extra = blocklist.banned_next(self.upper) | set(self.upper)
             hard_ze = i == self.upper_len - 1
-            return None, banned, WANT_ZE if hard_ze else WANT_NONE, hard_ze
+            return None, self.upper_banned, extra, WANT_ZE if hard_ze else WANT_NONE, hard_ze
         j = len(self.lower)
         u = self.upper
-        if not is_han(u[j]):
-            return u[j], set(), WANT_NONE, False
-        first = _roots(u)[j]
-        if first < j:
-            return self.lower[first], set(), WANT_NONE, False
+        kind, arg, want, hard = _lower_plan(u)[j]
+        if kind == _PUNCT:
+            return str(arg), _NOTHING, set(), WANT_NONE, False
+        if kind == _REPEAT:
+            return self.lower[int(arg)], _NOTHING, set(), WANT_NONE, False
         if j in self.lower_forced:
-            return self.lower_forced[j], set(), WANT_NONE, False
-        banned = set(_han_set(u))
-        banned |= _han_set(self.lower)
-        banned |= blocklist.banned_next(self.lower)
-        banned |= lookahead_banned(u, self.lower, self.lower_forced, blocklist)
-        last = len(u) - 1
-        # the 平 ending applies here if this position's repeat group contains the last one
-        ends_here = u[last] == u[j]
-        if ends_here and tone_class(u[last]) == "ze":
-            return None, banned, WANT_PING, True
-        want = WANT_NONE
-        if j in checked_positions(u):
-            t = tone_class(u[j])
-            want = WANT_PING if t == "ze" else WANT_ZE if t == "ping" else WANT_NONE
-        return None, banned, want, False
+            return self.lower_forced[j], _NOTHING, set(), WANT_NONE, False
+        extra = set(_han_set(self.lower))
+        extra |= blocklist.banned_next(self.lower)
+        extra |= lookahead_banned(u, self.lower, self.lower_forced, blocklist)
+        return None, _han_set(u), extra, want, hard
 
     def push(self, ch: str) -> None:
         if self.phase == "upper":
@@ -213,6 +242,7 @@ class Constrainer:
         self.style_index = {s: i for i, s in enumerate(STYLES)}
         self.device = device
         self._tables: dict[float, Tensor] = {}  # tone_bias -> table (``_table``)
+        self._fixed_ids: dict[frozenset[str], list[int]] = {}  # a line's fixed bans as ids
         _wildcard_index(blocklist)  # built now, not inside the first request's step
 
     def _table(self, tone_bias: float) -> Tensor:
@@ -247,14 +277,23 @@ class Constrainer:
         cols: list[int] = []
         forced: list[str | None] = []
         stoi = self.tok.stoi
+        fixed_ids = self._fixed_ids
         for b, st in enumerate(states):
-            f, banned, w, hard = st.next_rule(self.blocklist)
+            f, fixed, extra, w, hard = st.rule_parts(self.blocklist)
             forced.append(f)
             s = self.style_index.get(st.style, n_styles)
             if f is not None:
                 w, hard = WANT_NONE, False
             idx.append((s * 3 + w) * 2 + int(hard))
-            for ch in banned:
+            if fixed:
+                ids = fixed_ids.get(fixed)
+                if ids is None:
+                    if len(fixed_ids) > 65536:  # a bound, not an eviction policy
+                        fixed_ids.clear()
+                    ids = fixed_ids[fixed] = [i for ch in fixed if (i := stoi.get(ch)) is not None]
+                rows.extend([b] * len(ids))
+                cols.extend(ids)
+            for ch in extra:
                 i = stoi.get(ch)
                 if i is not None:
                     rows.append(b)
