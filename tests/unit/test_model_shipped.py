@@ -15,6 +15,7 @@ from chunlian.engine.runner import ModelRunner
 from chunlian.model.beam import BeamSearcher
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
+from chunlian.model.transformer import KVCache
 from chunlian.text import is_han, tone_class
 
 torch.set_num_threads(1)
@@ -160,6 +161,32 @@ def test_cached_decoding_equals_a_full_recompute() -> None:
     want = full[P - 1:]
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_the_cached_prompt_prefix_equals_computing_it_with_the_prompt() -> None:
+    """A prefill copies the keys and values of ``[BOS][STYLE][REGISTER]`` from a per-style
+    table and computes only the rest: every cached position matches a forward over the
+    whole prompt into an empty cache."""
+    loaded = shipped()
+    model, tok = loaded.model, loaded.tokenizer
+    runner = ModelRunner(loaded, 8)
+    styles = ["traditional", "business", "family", "literary"]
+    batch = [SeqSpec(seq_id=i, style=styles[i % 4], upper=u, upper_len=len(u))
+             for i, u in enumerate(UPPERS[:6])]
+    runner.prefill(batch)
+    with torch.inference_mode():
+        for r, row in enumerate(runner.rows):  # cache row r holds runner.rows[r]
+            s = row.spec
+            assert s.upper is not None
+            ids = tok.prefix(s.style, s.register) + tok.encode(s.upper) + [tok.sep_id]
+            n = len(ids)
+            roles = [0] * PREFIX_LEN + [upper_role(i) for i in range(len(s.upper))] + [lower_role(0)]
+            ref = KVCache(model.cfg, 1, torch.device("cpu"), torch.float32)
+            model(torch.tensor([ids]), torch.arange(n)[None], torch.tensor([roles]),
+                  torch.ones(1, n, n, dtype=torch.bool).tril(), ref)
+            assert torch.allclose(runner.cache.k[:, r, :, :n], ref.k[:, 0, :, :n], atol=1e-5)
+            assert torch.allclose(runner.cache.v[:, r, :, :n], ref.v[:, 0, :, :n], atol=1e-5)
+            assert row.next_pos == n
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

@@ -80,6 +80,8 @@ class ModelRunner:
         self.rows: list[_Row] = []
         self.tokens_emitted = 0
         self.padded_batches = False  # request-level batches (module docstring)
+        # (style, register) -> the prompt prefix's keys and values, each [layers, H, P, hd]
+        self._prefix_kv: dict[tuple[str, str], tuple[Tensor, Tensor]] = {}
 
     @classmethod
     def from_path(cls, path: Path | None, capacity: int, device: str = "cpu") -> ModelRunner:
@@ -146,18 +148,37 @@ class ModelRunner:
         return out
 
     def _prompt_len(self, spec: SeqSpec) -> int:
-        """Prompt tokens of a sequence: the prefix, its prompt characters, SEP for a 下联."""
-        return PREFIX_LEN + len(spec.prompt_chars) + (spec.upper is not None)
+        """Prompt tokens a prefill computes: its prompt characters, SEP for a 下联 (the
+        prefix comes from ``_prefix``)."""
+        return len(spec.prompt_chars) + (spec.upper is not None)
+
+    def _prefix(self, style: str, register: str) -> tuple[Tensor, Tensor]:
+        """Keys and values of the prompt prefix ``[BOS][STYLE][REGISTER]`` at every layer,
+        ``[layers, H, PREFIX_LEN, hd]`` each: the same for every sequence of that style and
+        register (causal attention), so computed once and copied into each new row."""
+        kv = self._prefix_kv.get((style, register))
+        if kv is None:
+            dev = self.device
+            scratch = KVCache(self.cfg, 1, dev, torch.float32)
+            idx = torch.tensor([self.tok.prefix(style, register)], device=dev)
+            pos = torch.arange(PREFIX_LEN, device=dev)[None]
+            mask = torch.ones(1, PREFIX_LEN, PREFIX_LEN, dtype=torch.bool, device=dev).tril()
+            self.model(idx, pos, torch.zeros_like(pos), mask, scratch)
+            kv = (scratch.k[:, 0, :, :PREFIX_LEN].clone(), scratch.v[:, 0, :, :PREFIX_LEN].clone())
+            self._prefix_kv[(style, register)] = kv
+        return kv
 
     def _prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]:
+        """One forward over the prompts after their prefix, whose keys and values are
+        copied into the rows from ``_prefix`` (a quarter of a short line's prompt)."""
         tok = self.tok
         prompts: list[list[int]] = []
         roles: list[list[int]] = []
         new_rows: list[_Row] = []
         for s in specs:
             chars = s.prompt_chars
-            ids = tok.prefix(s.style, s.register) + tok.encode(chars)
-            rl = [0] * PREFIX_LEN + [upper_role(i) for i in range(len(chars))]
+            ids = tok.encode(chars)
+            rl = [upper_role(i) for i in range(len(chars))]
             if s.upper is not None:
                 ids.append(tok.sep_id)
                 rl.append(lower_role(0))
@@ -174,26 +195,36 @@ class ModelRunner:
                 gen = torch.Generator(device="cpu").manual_seed(s.seed)
             new_rows.append(_Row(s, state, 0, 0, 0, gen=gen))
         B = len(prompts)
-        T = max(len(p) for p in prompts)
+        T = max(len(p) for p in prompts)  # prompt tokens after the prefix (at least 1)
         lens = torch.tensor([len(p) for p in prompts])
         idx = torch.full((B, T), tok.pad_id, dtype=torch.long)
         role = torch.zeros((B, T), dtype=torch.long)
         for b, (p, r) in enumerate(zip(prompts, roles, strict=True)):
             idx[b, : len(p)] = torch.tensor(p)
             role[b, : len(r)] = torch.tensor(r)
-        pos = torch.arange(T).expand(B, T)
-        key_ok = pos < lens[:, None]  # [B, T]
-        mask = torch.ones(T, T, dtype=torch.bool).tril()[None] & key_ok[:, None, :]  # [B, T, T]
+        P = PREFIX_LEN
+        pos = torch.arange(P, P + T).expand(B, T)
+        key_ok = torch.arange(T)[None, :] < lens[:, None]  # [B, T]
+        new = torch.ones(T, T, dtype=torch.bool).tril()[None] & key_ok[:, None, :]  # [B, T, T]
         # a padded query row attends to at least itself, keeping softmax finite
-        mask |= torch.eye(T, dtype=torch.bool)[None]
+        new |= torch.eye(T, dtype=torch.bool)[None]
+        mask = torch.cat([torch.ones(B, T, P, dtype=torch.bool), new], dim=2)  # [B, T, P + T]
         row0 = self.n_live
         dev = self.device
+        by_prefix: dict[tuple[str, str], list[int]] = {}
+        for b, s in enumerate(specs):
+            by_prefix.setdefault((s.style, s.register), []).append(row0 + b)
+        for (style, register), rows in by_prefix.items():
+            pk, pv = self._prefix(style, register)
+            at = torch.tensor(rows, device=dev)
+            self.cache.k[:, at, :, :P] = pk[:, None]
+            self.cache.v[:, at, :, :P] = pv[:, None]
         logits = self.model(
             idx.to(dev), pos.to(dev), role.to(dev), mask.to(dev), self.cache, row0=row0,
             select=(lens - 1).to(dev),
         )  # [B, V]
         for b, row in enumerate(new_rows):
-            row.next_pos = int(lens[b])
+            row.next_pos = P + int(lens[b])
         self.rows.extend(new_rows)
         return self._emit(logits, new_rows)
 

@@ -16,8 +16,10 @@ The forward pass takes per-sequence positions and an explicit attention mask, so
 may hold sequences of different lengths (right padding), and an optional slot-based KV
 cache (``KVCache``) for incremental decoding:
 
-* prefill: ``T`` new tokens for rows ``row0 .. row0+B`` of the cache, written at cache
-  positions ``0 .. T-1``; the mask is ``[B, T, T]`` (causal and key padding).
+* prefill: ``T`` new tokens for rows ``row0 .. row0+B`` of the cache; the mask is
+  ``[B, T, S]`` (causal and key padding). With ``S == T`` the tokens are written at cache
+  positions ``0 .. T-1``; with ``S > T`` the first ``S - T`` positions of those rows already
+  hold a prefix (a shared prompt prefix copied in) and the tokens go after it.
 * decode: one new token per row ``0 .. B-1``, written at ``cache_pos[b]``; the mask is
   ``[B, 1, S]`` over the first ``S`` cache positions.
 """
@@ -97,9 +99,13 @@ class Attention(nn.Module):
         if cache is not None:
             S = mask.shape[-1]
             ck, cv = cache.k[layer], cache.v[layer]  # [rows, H, max_len, hd]
-            if cache_pos is None:  # prefill from position 0
-                ck[row0 : row0 + B, :, :T] = k.to(ck.dtype)
-                cv[row0 : row0 + B, :, :T] = v.to(cv.dtype)
+            if cache_pos is None:  # prefill after the ``start`` positions already cached
+                start = S - T
+                ck[row0 : row0 + B, :, start:S] = k.to(ck.dtype)
+                cv[row0 : row0 + B, :, start:S] = v.to(cv.dtype)
+                if start:
+                    k = ck[row0 : row0 + B, :, :S].to(q.dtype)
+                    v = cv[row0 : row0 + B, :, :S].to(q.dtype)
             else:  # decode: one token per row at its own position
                 rows = torch.arange(B, device=x.device)
                 ck[rows, :, cache_pos] = k[:, :, 0].to(ck.dtype)
