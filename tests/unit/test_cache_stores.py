@@ -195,3 +195,13 @@ async def test_redis_store_down_bypasses_fast_and_logs_once(caplog: pytest.LogCa
 def test_redis_store_never_logs_the_password() -> None:
     store = RedisStore("redis://user:hunter2@127.0.0.1:9/0")
     assert "hunter2" not in store.url
+
+
+def test_decode_params_as_dict_holds_every_field() -> None:
+    """Cache keys and coalescing hash ``DecodeParams.as_dict()``: a field missing from it
+    would make requests that differ in it share an answer."""
+    from dataclasses import asdict, fields
+
+    p = DecodeParams(n=3, seed=7, temperature=0.5, top_k=9, top_p=0.5)
+    assert p.as_dict() == asdict(p)
+    assert set(p.as_dict()) == {f.name for f in fields(DecodeParams)}

@@ -19,10 +19,7 @@ KEY_PREFIX = "chunlian:v1:"
 def _decoding(params: DecodeParams) -> dict[str, object]:
     if params.greedy:
         return {"greedy": True}
-    return {
-        "n": params.n, "seed": params.seed, "temperature": params.temperature,
-        "top_k": params.top_k, "top_p": params.top_p,
-    }
+    return params.as_dict()
 
 
 def cache_key(model_tag: str, req: CoupletRequest) -> str:

@@ -129,6 +129,10 @@ class Engine:
         self._done = RateWindow(RATE_WINDOW_S)  # completed requests (engine thread)
         self._rejected = RateWindow(RATE_WINDOW_S)  # queue-full rejections (event loop)
         self._listeners: list[Callable[[StepReport], None]] = []
+        # settlements of futures, handed to the event loop once per engine iteration
+        # (``_flush``): one wake-up of the loop per step instead of one per request
+        self._outbox: list[Callable[[], None]] = []
+        self._outbox_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -278,12 +282,14 @@ class Engine:
                 self.stats.running = self.scheduler.live_seqs  # also when nothing runs next
                 if plan.has_work:
                     self._step(admitted, plan.decode)
+                self._flush()
         except BaseException as e:  # engine failure: complete every pending future
             log.exception("engine loop failed")
             self._failure = e
             self._fail_all(EngineStopped(f"engine failed: {type(e).__name__}"))
         finally:
             self._stopping = True
+            self._flush()
 
     def _step(self, admitted: list[_Pending], decode: bool) -> None:
         t0 = time.perf_counter()
@@ -375,9 +381,6 @@ class Engine:
                 self.stats.failed += 1
         else:
             self.stats.completed += 1
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
 
         def settle() -> None:
             if p.future.done():
@@ -388,7 +391,26 @@ class Engine:
             else:
                 p.future.set_result(result)  # type: ignore[arg-type]
 
-        loop.call_soon_threadsafe(settle)
+        with self._outbox_lock:
+            self._outbox.append(settle)
+
+    def _flush(self) -> None:
+        """Hand every settlement queued by ``_complete`` to the event loop in one call.
+
+        One ``call_soon_threadsafe`` per request woke the loop for each answer while the
+        engine thread went on with the next: the two took the interpreter lock from each
+        other mid-step. Settled once per iteration, the loop wakes once per step."""
+        with self._outbox_lock:
+            batch, self._outbox = self._outbox, []
+        loop = self._loop
+        if not batch or loop is None or loop.is_closed():
+            return
+
+        def settle_all() -> None:
+            for settle in batch:
+                settle()
+
+        loop.call_soon_threadsafe(settle_all)
 
     def _fail_all(self, error: ChunlianError) -> None:
         with self._cv:
@@ -397,6 +419,7 @@ class Engine:
             self._seq_owner.clear()
         for p in pending:
             self._complete(p, error=error)
+        self._flush()
 
 
 def lower_thread_priority(nice: int) -> bool:
