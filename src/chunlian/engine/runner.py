@@ -6,6 +6,8 @@ row into it), so a decode step attends over a plain slice of the cache, with no 
 
 * ``prefill(specs)``: one padded, masked forward over the new prompts (right padding,
   per-row lengths), written into rows ``n_live ..``; each new sequence emits its first token.
+  The prompt prefix ``[BOS][STYLE][REGISTER]`` is not recomputed: its keys and values are
+  the same for every sequence of a style and register, and are copied in (``_prefix``).
 * ``decode()``: one token for every live row, each at its own position.
 Both apply the couplet rules (``model.decoding``) as batched logit masks and return the
 sequences that finished during the call; finished sequences leave at once.

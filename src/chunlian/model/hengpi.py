@@ -295,7 +295,9 @@ class HengpiSelector:
         """The top phrase, or with ``seed`` a score-weighted draw among the top ``TOP_K``."""
         if seed is None:  # the hot path: the first of equal maxima, no full ranking
             return str(self.phrases[int(np.argmax(self._scores(upper, lower, style)))])
-        top = self.rank(upper, lower, style)[:TOP_K]
+        scores = self._scores(upper, lower, style)
+        best = np.argsort(-scores, kind="stable")[:TOP_K]  # as rank()[:TOP_K], without the rest
+        top = [(self.phrases[i], float(scores[i])) for i in best]
         # Scores can be negative (cosine); shift so the weakest still has a small chance.
         low = min(s for _, s in top)
         weights = [s - low + 0.05 for _, s in top]
