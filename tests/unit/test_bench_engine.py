@@ -24,3 +24,14 @@ def test_engine_bench_reports_every_asked_key_with_rounds() -> None:
     want = rep["continuous_seq_per_s"] / rep["sequential_seq_per_s"]
     assert abs(rep["ratio_continuous_vs_sequential"] - want) <= 0.02 * want
     assert [p["max_batch_size"] for p in rep["sweep"]] == [1, 4]
+
+
+def test_the_mix_is_distinct_at_any_size() -> None:
+    """Repeated lines would be coalesced into one generation and inflate the throughput
+    (before this test, 1,600 requests held only 800 distinct lines)."""
+    from chunlian.bench.engine import mixed_lines
+
+    for n in (400, 800, 2000):
+        mix = mixed_lines(n)
+        assert len(mix) == n and len(set(mix)) == n
+        assert all(1 <= len(u) <= 32 for u in mix)

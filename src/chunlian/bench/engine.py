@@ -32,11 +32,15 @@ from chunlian.types import CoupletRequest
 
 
 def mixed_lines(requests: int) -> list[str]:
-    """The fixed mix: the sample lines, then longer two-clause lines built from them."""
+    """The fixed mix: the sample lines, then longer two-clause lines built from them.
+
+    Every line is distinct (repeated lines would be coalesced and flatter the figures): the
+    ``c``-th pass over the pool appends a second clause from companion ``i * 7 + c - 1``, so
+    passes never repeat one another (the first 800 lines are those of earlier sessions)."""
     pool = sample_uppers()
-    mix = (pool * (requests // len(pool) + 1))[:requests]
-    # distinct requests: repeated lines would be coalesced and flatter the figures
-    mix = [u if i < len(pool) else u + "，" + pool[(i * 7) % len(pool)][:5] for i, u in enumerate(mix)]
+    n = len(pool)
+    mix = [pool[i % n] if i < n else pool[i % n] + "，" + pool[(i * 7 + i // n - 1) % n][:5]
+           for i in range(requests)]
     return [u[:32].rstrip("，") for u in mix]
 
 
