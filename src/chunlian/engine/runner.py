@@ -245,8 +245,10 @@ class ModelRunner:
         logits = self.model(idx, pos[:, None], role, mask, self.cache, cache_pos=pos)[:, 0]  # [B, V]
         for r in self.rows:
             r.next_pos += 1
+        if not self.padded_batches:
+            return self._emit(logits, list(self.rows))
         live = [b for b, r in enumerate(self.rows) if not r.retired]
-        if len(live) < len(self.rows):  # a padded batch: its finished rows were computed, unused
+        if len(live) < len(self.rows):  # its finished rows were computed, unused
             logits = logits[torch.tensor(live, device=dev)]
         return self._emit(logits, [self.rows[b] for b in live])
 

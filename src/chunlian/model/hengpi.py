@@ -285,19 +285,20 @@ class HengpiSelector:
             out[row] -= COPY_PENALTY
         return out  # type: ignore[no-any-return]
 
-    def rank(self, upper: str, lower: str, style: str) -> list[tuple[str, float]]:
-        """Every phrase with its score, best first (ties keep the file's order)."""
+    def rank(
+        self, upper: str, lower: str, style: str, limit: int | None = None
+    ) -> list[tuple[str, float]]:
+        """Every phrase (or the best ``limit``) with its score, best first (ties keep the
+        file's order)."""
         scores = self._scores(upper, lower, style)
-        order = np.argsort(-scores, kind="stable")
+        order = np.argsort(-scores, kind="stable")[:limit]
         return [(self.phrases[i], float(scores[i])) for i in order]
 
     def choose(self, upper: str, lower: str, style: str, seed: int | None = None) -> str:
         """The top phrase, or with ``seed`` a score-weighted draw among the top ``TOP_K``."""
         if seed is None:  # the hot path: the first of equal maxima, no full ranking
             return str(self.phrases[int(np.argmax(self._scores(upper, lower, style)))])
-        scores = self._scores(upper, lower, style)
-        best = np.argsort(-scores, kind="stable")[:TOP_K]  # as rank()[:TOP_K], without the rest
-        top = [(self.phrases[i], float(scores[i])) for i in best]
+        top = self.rank(upper, lower, style, TOP_K)
         # Scores can be negative (cosine); shift so the weakest still has a small chance.
         low = min(s for _, s in top)
         weights = [s - low + 0.05 for _, s in top]
