@@ -74,7 +74,8 @@ class Couplet:
     lower: str
     hengpi: str
     style: str
-    score: float = 0.0  # mean log-likelihood plus rule score; higher is better
+    # ranks candidates: mean log-likelihood (scored only when n > 1) plus rule score; higher is better
+    score: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {"upper": self.upper, "lower": self.lower, "hengpi": self.hengpi, "style": self.style}

@@ -23,6 +23,7 @@ class FakeRunner:
         self.prefilled: list[int] = []
         self.released: list[int] = []
         self.batch_sizes: list[int] = []
+        self.steps_fused = 0
         self.gate: threading.Event | None = None
         self.fail_on: str | None = None
         self.bound_thread: str | None = None
@@ -54,6 +55,20 @@ class FakeRunner:
         self._check()
         self.batch_sizes.append(len(self.live))
         return self._advance(list(self.live))
+
+    def step(self, specs: list[SeqSpec]) -> list[SeqOutput]:
+        """The fused iteration (``ModelRunner.step``): the live rows advance a token and
+        ``specs`` are admitted with their first one, in one call."""
+        old = list(self.live)
+        assert len(old) + len(specs) <= self.capacity
+        for s in specs:
+            self.live[s.seq_id] = (s, 0)
+            self.prefilled.append(s.seq_id)
+        self.steps_fused += 1
+        self._wait()
+        self._check()
+        self.batch_sizes.append(len(self.live))
+        return self._advance(old + [s.seq_id for s in specs])
 
     def _advance(self, ids: list[int]) -> list[SeqOutput]:
         out = []

@@ -227,3 +227,23 @@ def test_static_batching_asks_the_runner_for_padded_batches() -> None:
     batch as one padded rectangle; continuous batching retires rows at once."""
     assert make(batching="static")[1].padded_batches is True
     assert make(batching="continuous")[1].padded_batches is False
+
+
+async def test_requests_join_a_running_batch_in_one_fused_step() -> None:
+    """Continuous batching: a request that arrives while others decode is admitted through
+    ``runner.step`` (its prefill fused with their decode step), and both answers come."""
+    eng, runner = make()
+    runner.gate = threading.Event()
+    await eng.start()
+    try:
+        first = asyncio.ensure_future(eng.generate(CoupletRequest(upper="春回大地暖")))
+        await until(lambda: runner.prefilled)  # the first request is in its (gated) prefill
+        second = asyncio.ensure_future(eng.generate(CoupletRequest(upper="福满人间")))
+        await asyncio.sleep(0.05)
+        runner.gate.set()
+        got = await asyncio.gather(first, second)
+        assert [r.best.lower for r in got] == ["乙" * 5, "乙" * 4]
+        assert runner.steps_fused >= 1
+    finally:
+        runner.gate.set()
+        await eng.stop()

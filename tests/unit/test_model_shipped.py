@@ -97,6 +97,45 @@ def test_batched_greedy_equals_one_at_a_time() -> None:
     assert batched == alone
 
 
+def test_a_fused_step_equals_its_decode_and_prefills_apart() -> None:
+    """``ModelRunner.step`` runs the live rows' decode and the new prompts' prefill (here
+    two length groups, one a composed line) as groups of one forward pass: the logits and
+    the cache equal those of separate passes, and the new rows join with their first token."""
+    loaded = shipped()
+    model = loaded.model
+    compose = SeqSpec(seq_id=90, style="family", upper=None, upper_len=5, upper_forced={0: "福"})
+    new = [*specs(first_id=50)[6:9], compose]
+    runners = [ModelRunner(loaded, 8), ModelRunner(loaded, 8)]
+    with torch.inference_mode():
+        for r in runners:
+            r.prefill(specs()[:3])
+            r.decode()
+        fused_r, apart_r = runners
+        inputs = {}
+        for name, r in (("fused", fused_r), ("apart", apart_r)):
+            groups = [r._decode_input()]
+            at = r.n_live
+            for chunk in (new[:2], new[2:]):
+                groups.append(r._prefill_input(chunk, at)[0])
+                at += len(chunk)
+            inputs[name] = groups
+        fused = model.forward_groups(inputs["fused"], fused_r.cache)
+        apart = torch.cat([model.forward_groups([g], apart_r.cache) for g in inputs["apart"]])
+    assert fused.shape == (3 + len(new), len(loaded.tokenizer))
+    assert torch.allclose(fused, apart, atol=1e-4, rtol=1e-4)
+    assert torch.equal(fused.argmax(-1), apart.argmax(-1))
+    used = 3 + len(new)
+    assert torch.allclose(fused_r.cache.k[:, :used], apart_r.cache.k[:, :used], atol=1e-5)
+    runner = ModelRunner(loaded, 8)
+    runner.prefill(specs()[:3])
+    runner.step(new)
+    assert runner.n_live == 3 + len(new)  # none of these lines ends after two tokens
+    assert sorted(r.spec.seq_id for r in runner.rows[3:]) == [s.seq_id for s in new]
+    # each new row took its first token: a 下联 character, or the composed line's second
+    assert all(len(r.state.lower) == 1 if r.spec.upper else r.state.upper[:1] == "福" and len(r.state.upper) == 2
+               for r in runner.rows[3:])
+
+
 def test_a_padded_batch_gives_the_same_answers_and_holds_its_rows_to_the_end() -> None:
     """Static batching's padded rectangle: one prefill padded to the longest prompt, finished
     rows kept in the decode forward (fed padding) until the longest ends - and yet every

@@ -55,6 +55,7 @@ class Runner(Protocol):
 
     def prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
     def decode(self) -> list[SeqOutput]: ...
+    def step(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
     def release(self, seq_ids: set[int] | list[int]) -> None: ...
     def bind_thread(self) -> None: ...  # called on the engine thread before its first step
 
@@ -297,11 +298,14 @@ class Engine:
         finished: list[SeqOutput] = []
         batch = self.scheduler.live_seqs
         try:
-            if admitted:
-                finished += self.runner.prefill([s for p in admitted for s in p.specs])
-                self.stats.prefill_total += len(admitted)
-            if decode:
+            specs = [s for p in admitted for s in p.specs]
+            if specs and decode:  # continuous batching: the live rows and the new, one pass
+                finished += self.runner.step(specs)
+            elif specs:
+                finished += self.runner.prefill(specs)
+            elif decode:
                 finished += self.runner.decode()
+            self.stats.prefill_total += len(admitted)
         except Exception as e:  # a failed step fails the requests in it, not the engine
             log.exception("model step failed")
             # every live row took part in the batched step: fail those requests only

@@ -32,6 +32,9 @@ class SeqSpec:
     top_k: int = 0
     top_p: float = 1.0
     register: str = "modern"
+    # score the chosen tokens (``SeqOutput.logprob_mean``): needed only to rank candidates;
+    # a lone candidate skips a log-softmax over the vocabulary at every step
+    scored: bool = True
 
     @property
     def prompt_chars(self) -> str:
@@ -53,7 +56,8 @@ class SeqSpec:
 
 @dataclass(frozen=True)
 class SeqOutput:
-    """A finished sequence: its lines and mean log-probability per emitted Han character."""
+    """A finished sequence: its lines and mean log-probability per emitted Han character
+    (0.0 when its spec was not ``scored``)."""
 
     seq_id: int
     upper: str
@@ -70,7 +74,7 @@ def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
         seed = ((p.seed or 0) * _SEED_MIX + c) & 0x7FFFFFFF
         common = dict(
             seq_id=first_seq_id + c, style=req.style, greedy=greedy, seed=seed,
-            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, scored=p.n > 1,
         )
         if req.upper is not None:
             specs.append(SeqSpec(upper=req.upper, upper_len=len(req.upper), **common))  # type: ignore[arg-type]

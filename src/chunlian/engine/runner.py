@@ -35,7 +35,7 @@ from chunlian.engine.request import SeqOutput, SeqSpec
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.decoding import Constrainer, LineState
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
-from chunlian.model.transformer import KVCache
+from chunlian.model.transformer import GroupInput, KVCache
 
 DEFAULT_TONE_BIAS = 2.0
 MAX_BATCHED_TOP_K = 1024  # rows sampling with a larger (or no) top-k take the per-row path
@@ -125,7 +125,7 @@ class ModelRunner:
     def _remove_row(self, i: int) -> None:
         last = len(self.rows) - 1
         if i != last:
-            self.cache.move_row(last, i)
+            self.cache.move_row(last, i, self.rows[last].next_pos)
             self.rows[i] = self.rows[last]
         self.rows.pop()
 
@@ -171,8 +171,16 @@ class ModelRunner:
         return kv
 
     def _prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]:
-        """One forward over the prompts after their prefix, whose keys and values are
-        copied into the rows from ``_prefix`` (a quarter of a short line's prompt)."""
+        """One forward over the prompts after their prefix (``_prefill_input``)."""
+        gi, new_rows = self._prefill_input(specs, self.n_live)
+        logits = self.model.forward_groups([gi], self.cache)  # [B, V]
+        self.rows.extend(new_rows)
+        return self._emit(logits, new_rows)
+
+    def _prefill_input(self, specs: list[SeqSpec], row0: int) -> tuple[GroupInput, list[_Row]]:
+        """The model input of a prefill into rows ``row0 ..`` and the rows' states. The
+        prompt prefix's keys and values are copied into those rows here from ``_prefix``
+        (a quarter of a short line's prompt): the input is the rest of each prompt."""
         tok = self.tok
         prompts: list[list[int]] = []
         roles: list[list[int]] = []
@@ -199,11 +207,9 @@ class ModelRunner:
         B = len(prompts)
         T = max(len(p) for p in prompts)  # prompt tokens after the prefix (at least 1)
         lens = torch.tensor([len(p) for p in prompts])
-        idx = torch.full((B, T), tok.pad_id, dtype=torch.long)
-        role = torch.zeros((B, T), dtype=torch.long)
-        for b, (p, r) in enumerate(zip(prompts, roles, strict=True)):
-            idx[b, : len(p)] = torch.tensor(p)
-            role[b, : len(r)] = torch.tensor(r)
+        # one tensor each from padded lists (a copy per row cost more than the rows' work)
+        idx = torch.tensor([p + [tok.pad_id] * (T - len(p)) for p in prompts])
+        role = torch.tensor([r + [0] * (T - len(r)) for r in roles])
         P = PREFIX_LEN
         pos = torch.arange(P, P + T).expand(B, T)
         key_ok = torch.arange(T)[None, :] < lens[:, None]  # [B, T]
@@ -211,7 +217,6 @@ class ModelRunner:
         # a padded query row attends to at least itself, keeping softmax finite
         new |= torch.eye(T, dtype=torch.bool)[None]
         mask = torch.cat([torch.ones(B, T, P, dtype=torch.bool), new], dim=2)  # [B, T, P + T]
-        row0 = self.n_live
         dev = self.device
         by_prefix: dict[tuple[str, str], list[int]] = {}
         for b, s in enumerate(specs):
@@ -221,20 +226,14 @@ class ModelRunner:
             at = torch.tensor(rows, device=dev)
             self.cache.k[:, at, :, :P] = pk[:, None]
             self.cache.v[:, at, :, :P] = pv[:, None]
-        logits = self.model(
-            idx.to(dev), pos.to(dev), role.to(dev), mask.to(dev), self.cache, row0=row0,
-            select=(lens - 1).to(dev),
-        )  # [B, V]
         for b, row in enumerate(new_rows):
-            row.next_pos = P + int(lens[b])
-        self.rows.extend(new_rows)
-        return self._emit(logits, new_rows)
+            row.next_pos = P + len(prompts[b])
+        gi = GroupInput(idx.to(dev), pos.to(dev), role.to(dev), mask.to(dev), row0=row0,
+                        select=(lens - 1).to(dev))
+        return gi, new_rows
 
-    @torch.inference_mode()
-    def decode(self) -> list[SeqOutput]:
-        """One token for every live sequence."""
-        if not self.rows:
-            return []
+    def _decode_input(self) -> GroupInput:
+        """The model input of one decode step over every live row (advances their positions)."""
         dev = self.device
         idx = torch.tensor([[r.next_id] for r in self.rows], device=dev)
         pos_list = [r.next_pos for r in self.rows]
@@ -242,15 +241,52 @@ class ModelRunner:
         role = torch.tensor([[r.next_role] for r in self.rows], device=dev)
         S = max(pos_list) + 1
         mask = (torch.arange(S, device=dev)[None, :] <= pos[:, None])[:, None, :]  # [B, 1, S]
-        logits = self.model(idx, pos[:, None], role, mask, self.cache, cache_pos=pos)[:, 0]  # [B, V]
         for r in self.rows:
             r.next_pos += 1
+        return GroupInput(idx, pos[:, None], role, mask, cache_pos=pos)
+
+    @torch.inference_mode()
+    def decode(self) -> list[SeqOutput]:
+        """One token for every live sequence."""
+        if not self.rows:
+            return []
+        logits = self.model.forward_groups([self._decode_input()], self.cache)  # [B, V]
         if not self.padded_batches:
             return self._emit(logits, list(self.rows))
         live = [b for b, r in enumerate(self.rows) if not r.retired]
         if len(live) < len(self.rows):  # its finished rows were computed, unused
-            logits = logits[torch.tensor(live, device=dev)]
+            logits = logits[torch.tensor(live, device=self.device)]
         return self._emit(logits, [self.rows[b] for b in live])
+
+    @torch.inference_mode()
+    def step(self, specs: list[SeqSpec]) -> list[SeqOutput]:
+        """Continuous batching's iteration: one token for every live sequence and the
+        admission of ``specs`` (their first token), in one forward pass.
+
+        The decode rows and the prefill chunks are groups of one ``forward_groups`` call:
+        its linear layers run once over all their tokens, so a step that admits a few
+        sequences no longer pays a second pass's fixed cost (six layers of small ops). A
+        new sequence's second token comes at the next step. Padded batches (static) and
+        an idle runner take ``prefill`` / ``decode``.
+        """
+        if not specs:
+            return self.decode()
+        if not self.rows or self.padded_batches:
+            return self.prefill(specs)
+        if len(specs) > self.capacity - self.n_live:
+            raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
+        dec_rows = list(self.rows)
+        inputs = [self._decode_input()]
+        new_rows: list[_Row] = []
+        row0 = self.n_live
+        for chunk in prefill_chunks(specs, self._prompt_len, GROUP_FIXED_TOKENS):
+            gi, rows = self._prefill_input(chunk, row0)
+            inputs.append(gi)
+            new_rows += rows
+            row0 += len(chunk)
+        logits = self.model.forward_groups(inputs, self.cache)  # [live + new, V]
+        self.rows.extend(new_rows)
+        return self._emit(logits, dec_rows + new_rows)
 
     # ---- token choice --------------------------------------------------------------------
     def _emit(self, logits: Tensor, rows: list[_Row]) -> list[SeqOutput]:
@@ -269,11 +305,8 @@ class ModelRunner:
                 choice[sel] = self._sample_top_k(logits[sel], [rows[b] for b in batched])
             for b in sorted(set(sampled) - set(batched)):
                 choice[b] = self._sample(logits[b], rows[b])
-        # log-probability renormalised over the allowed tokens (forced rows are not scored);
-        # log_softmax, not logsumexp: 4x faster here on rows full of -inf (0.65 vs 2.6 ms
-        # at 256 rows), and finite, since a row always has a choice
-        chosen_lp = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None])[:, 0].tolist()
         choice_l = choice.tolist()
+        chosen_lp = self._chosen_logprobs(logits, choice, rows, forced)
         finished: list[SeqOutput] = []
         for b, r in enumerate(rows):
             self.tokens_emitted += 1
@@ -284,7 +317,7 @@ class ModelRunner:
             f = forced[b]
             ch = f if f is not None else tok.itos[choice_l[b]]
             was_upper = r.state.phase == "upper"
-            if f is None:
+            if b in chosen_lp:
                 r.logprob_sum += chosen_lp[b]
                 r.n_scored += 1
             if was_upper:
@@ -309,6 +342,22 @@ class ModelRunner:
         if self.padded_batches and all(r.retired for r in self.rows):
             self.rows.clear()  # the batch is over: its slots are free at once
         return finished
+
+    def _chosen_logprobs(
+        self, logits: Tensor, choice: Tensor, rows: list[_Row], forced: list[str | None]
+    ) -> dict[int, float]:
+        """Log-probability of each scored row's choice, renormalised over its allowed tokens
+        (forced characters are not scored; ``SeqSpec.scored``). log_softmax, not logsumexp:
+        4x faster here on rows full of -inf (0.65 vs 2.6 ms at 256 rows), and finite, since
+        a row always has a choice."""
+        want = [b for b, r in enumerate(rows) if r.spec.scored and forced[b] is None]
+        if not want:
+            return {}
+        if len(want) < len(rows):
+            sel = torch.tensor(want, device=logits.device)
+            logits, choice = logits[sel], choice[sel]
+        lp = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None])[:, 0].tolist()
+        return dict(zip(want, lp, strict=True))
 
     def _sample_top_k(self, logits: Tensor, rows: list[_Row]) -> Tensor:
         """Top-k, then top-p, sampling for several rows at once (``[S, V]`` -> ``[S]`` ids).
@@ -361,11 +410,10 @@ class ModelRunner:
         out: dict[int, SeqOutput] = {}
         while pending or self.rows:
             free = self.capacity - self.n_live
-            if pending and free:
+            batch: list[SeqSpec] = []
+            if pending and free and not (self.padded_batches and self.rows):
                 batch, pending = pending[:free], pending[free:]
-                for o in self.prefill(batch):
-                    out[o.seq_id] = o
-            for o in self.decode():
+            for o in self.step(batch):
                 out[o.seq_id] = o
         return out
 
@@ -374,11 +422,16 @@ class ModelRunner:
 # prompt token at 2 threads), in prompt tokens: a split pays for itself when it saves more
 # padded tokens than this.
 PREFILL_FIXED_TOKENS = 56
+# The same for one more group of a fused step (``ModelRunner.step``): only its attention
+# ops are its own, the linear layers are shared.
+GROUP_FIXED_TOKENS = 12
 
 
-def prefill_chunks(specs: list[SeqSpec], length: Callable[[SeqSpec], int]) -> list[list[SeqSpec]]:
+def prefill_chunks(
+    specs: list[SeqSpec], length: Callable[[SeqSpec], int], fixed_tokens: int = PREFILL_FIXED_TOKENS
+) -> list[list[SeqSpec]]:
     """Split a prefill into runs of similar prompt length, minimising padded tokens plus a
-    fixed cost per forward (dynamic programming over the distinct lengths, sorted)."""
+    fixed cost per forward or group (dynamic programming over the distinct lengths, sorted)."""
     by_len: dict[int, list[SeqSpec]] = {}
     for s in specs:
         by_len.setdefault(length(s), []).append(s)
@@ -391,7 +444,7 @@ def prefill_chunks(specs: list[SeqSpec], length: Callable[[SeqSpec], int]) -> li
         rows = 0
         for i in range(j - 1, -1, -1):
             rows += counts[i]
-            c = best[i] + PREFILL_FIXED_TOKENS + lens[j - 1] * rows
+            c = best[i] + fixed_tokens + lens[j - 1] * rows
             if c < best[j]:
                 best[j], cut[j] = c, i
     chunks: list[list[SeqSpec]] = []

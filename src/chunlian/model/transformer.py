@@ -64,10 +64,35 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.rows = rows
 
-    def move_row(self, src: int, dst: int) -> None:
-        """Copy slot ``src`` into slot ``dst`` (used to keep live slots contiguous)."""
-        self.k[:, dst] = self.k[:, src]
-        self.v[:, dst] = self.v[:, src]
+    def move_row(self, src: int, dst: int, length: int | None = None) -> None:
+        """Copy slot ``src`` into slot ``dst`` (used to keep live slots contiguous): its
+        first ``length`` positions (all when None; the rest is never attended to)."""
+        n = self.k.shape[3] if length is None else length
+        self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+        self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+
+
+@dataclass
+class Group:
+    """Rows of one forward pass whose attention is computed together: ``B`` sequences of
+    ``T`` new tokens each (flattened into the pass's ``[N, D]`` tokens in this order).
+
+    * no cache: plain attention over the ``T`` tokens (training);
+    * ``cache_pos`` None: a prefill of cache rows ``row0 .. row0+B`` (module docstring);
+    * ``cache_pos`` given: a decode step, one token per row ``row0 .. row0+B`` at its position.
+    ``select`` (``[B]``) keeps one position a row from the last block on.
+    """
+
+    B: int
+    T: int
+    bias: Tensor  # [B, 1, T, S] additive mask: 0 may attend, -inf may not
+    row0: int = 0
+    cache_pos: Tensor | None = None  # [B] decode only
+    flat_pos: Tensor | None = None  # [B * H] decode only (``decode_positions``)
+    select: Tensor | None = None  # [B]
+
+    def out_tokens(self, selected: bool) -> int:
+        return self.B if selected and self.select is not None else self.B * self.T
 
 
 class Attention(nn.Module):
@@ -79,47 +104,63 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(
-        self,
-        x: Tensor,  # [B, T, D]
-        mask: Tensor,  # [B, T, S] bool, True = may attend
-        layer: int,
-        cache: KVCache | None,
-        row0: int,
-        cache_pos: Tensor | None,  # [B] long, decode only
-        select: Tensor | None = None,  # [B]: queries at these positions only (mask [B, 1, S])
+        self, x: Tensor, groups: list[Group], layer: int, cache: KVCache | None, selected: bool
     ) -> Tensor:
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=2)
-        # [B, T, D] -> [B, H, T, hd]
-        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        if select is not None:  # every key and value (the cache needs them), one query a row
-            q = q[torch.arange(B, device=x.device), :, select][:, :, None]  # [B, H, 1, hd]
-        if cache is not None:
-            S = mask.shape[-1]
-            ck, cv = cache.k[layer], cache.v[layer]  # [rows, H, max_len, hd]
-            if cache_pos is None:  # prefill after the ``start`` positions already cached
-                start = S - T
-                ck[row0 : row0 + B, :, start:S] = k.to(ck.dtype)
-                cv[row0 : row0 + B, :, start:S] = v.to(cv.dtype)
-                if start:
-                    k = ck[row0 : row0 + B, :, :S].to(q.dtype)
-                    v = cv[row0 : row0 + B, :, :S].to(q.dtype)
-            else:  # decode: one token per row at its own position
-                rows = torch.arange(B, device=x.device)
-                ck[rows, :, cache_pos] = k[:, :, 0].to(ck.dtype)
-                cv[rows, :, cache_pos] = v[:, :, 0].to(cv.dtype)
-                k = ck[:B, :, :S].to(q.dtype)
-                v = cv[:B, :, :S].to(q.dtype)
-        # Hand-written attention: on CPU it beat the fused kernel for training (backward).
-        # Q = q's queries: T, or 1 with ``select``
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # [B, H, Q, S]
-        att = att.masked_fill(~mask[:, None], float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = att @ v  # [B, H, Q, hd]
-        y = y.transpose(1, 2).contiguous().view(B, q.shape[2], D)
+        """``[N, D]`` tokens of all groups -> ``[N', D]`` (``N'``: the selected ones when
+        ``selected``). The projections run over every group at once; attention per group."""
+        D = x.shape[-1]
+        qkv = self.qkv(x)  # [N, 3D]
+        ys: list[Tensor] = []
+        at = 0
+        for g in groups:
+            n = g.B * g.T
+            ys.append(self._attend(qkv[at : at + n].view(g.B, g.T, 3 * D), g, layer, cache, selected))
+            at += n
+        y = ys[0] if len(ys) == 1 else torch.cat(ys)
         return self.proj(y)  # type: ignore[no-any-return]
+
+    def _attend(
+        self, qkv: Tensor, g: Group, layer: int, cache: KVCache | None, selected: bool
+    ) -> Tensor:
+        """One group: ``qkv [B, T, 3D]`` -> ``[B * Q, D]`` (``Q``: T, or 1 when selected)."""
+        B, T, D3 = qkv.shape
+        D = D3 // 3
+        q, k, v = qkv[..., :D], qkv[..., D : 2 * D], qkv[..., 2 * D :]
+        # [B, T, D] -> [B, H, T, hd]
+        q = q.reshape(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.reshape(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        v = v.reshape(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        bias = g.bias
+        if selected and g.select is not None:  # every key and value (the cache needs them), one query a row
+            rows = torch.arange(B, device=qkv.device)
+            q = q[rows, :, g.select][:, :, None]  # [B, H, 1, hd]
+            bias = bias[rows, :, g.select][:, :, None]  # [B, 1, 1, S]
+        if cache is not None:
+            S = bias.shape[-1]
+            ck, cv = cache.k[layer], cache.v[layer]  # [rows, H, max_len, hd]
+            r0 = g.row0
+            if g.cache_pos is None:  # prefill after the ``start`` positions already cached
+                start = S - T
+                ck[r0 : r0 + B, :, start:S] = k.to(ck.dtype)
+                cv[r0 : r0 + B, :, start:S] = v.to(cv.dtype)
+                if start:
+                    k = ck[r0 : r0 + B, :, :S].to(q.dtype)
+                    v = cv[r0 : r0 + B, :, :S].to(q.dtype)
+            else:  # decode: one token per row at its own position
+                flat_pos = g.flat_pos
+                if flat_pos is None:
+                    flat_pos = decode_positions(g.cache_pos, self.n_head, ck.shape[2], r0)
+                hd = self.head_dim  # one row copy per (row, head): cheaper than an index_put
+                ck.view(-1, hd).index_copy_(0, flat_pos, k.reshape(B * self.n_head, hd).to(ck.dtype))
+                cv.view(-1, hd).index_copy_(0, flat_pos, v.reshape(B * self.n_head, hd).to(cv.dtype))
+                k = ck[r0 : r0 + B, :, :S].to(q.dtype)
+                v = cv[r0 : r0 + B, :, :S].to(q.dtype)
+        # Hand-written attention: on CPU it beat the fused kernel for training (backward).
+        att = q @ k.transpose(-2, -1)  # [B, H, Q, S]
+        att = F.softmax(att.mul_(1.0 / math.sqrt(self.head_dim)).add_(bias), dim=-1)
+        y = att @ v  # [B, H, Q, hd]
+        out: Tensor = y.transpose(1, 2).reshape(B * q.shape[2], D)
+        return out
 
 
 class Block(nn.Module):
@@ -132,17 +173,44 @@ class Block(nn.Module):
         self.out = nn.Linear(cfg.d_ff, cfg.d_model)
 
     def forward(
-        self, x: Tensor, mask: Tensor, layer: int, cache: KVCache | None, row0: int,
-        cache_pos: Tensor | None, select: Tensor | None = None,
+        self, x: Tensor, groups: list[Group], layer: int, cache: KVCache | None, selected: bool
     ) -> Tensor:
-        """``[B, T, D]``, or ``[B, 1, D]`` at positions ``select`` (keys and values of every
-        position still reach the cache)."""
+        """``[N, D]`` -> ``[N', D]``: with ``selected``, only the positions ``select`` of the
+        groups that have one (keys and values of every position still reach the cache)."""
         h = self.ln1(x)
-        if select is not None:
-            rows = torch.arange(x.shape[0], device=x.device)
-            x, mask = x[rows, select][:, None], mask[rows, select][:, None]  # [B, 1, D], [B, 1, S]
-        x = x + self.attn(h, mask, layer, cache, row0, cache_pos, select)
+        if selected and any(g.select is not None for g in groups):
+            x = _selected_rows(x, groups)
+        x = x + self.attn(h, groups, layer, cache, selected)
         return x + self.out(F.gelu(self.fc(self.ln2(x))))  # type: ignore[no-any-return]
+
+
+def _selected_rows(x: Tensor, groups: list[Group]) -> Tensor:
+    """The tokens ``[N, D]`` reduced to each group's ``select`` positions (``[N', D]``)."""
+    parts: list[Tensor] = []
+    at = 0
+    for g in groups:
+        n = g.B * g.T
+        part = x[at : at + n]
+        if g.select is not None:
+            flat = torch.arange(g.B, device=x.device) * g.T + g.select
+            part = part.index_select(0, flat)
+        parts.append(part)
+        at += n
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass
+class GroupInput:
+    """One group's tokens for ``CoupletTransformer.forward_groups``: ``idx``, ``pos``,
+    ``role`` ``[B, T]`` and ``mask`` ``[B, T, S]`` (bool, True = may attend)."""
+
+    idx: Tensor
+    pos: Tensor
+    role: Tensor
+    mask: Tensor
+    row0: int = 0
+    cache_pos: Tensor | None = None  # [B] decode
+    select: Tensor | None = None  # [B]
 
 
 class CoupletTransformer(nn.Module):
@@ -189,13 +257,42 @@ class CoupletTransformer(nn.Module):
         if mask is None:
             causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
             mask = causal.expand(B, T, T)
-        x = self.tok_emb(idx) + self.pos_emb(pos) + self.role_emb(role)  # [B, T, D]
+        logits = self.forward_groups([GroupInput(idx, pos, role, mask, row0, cache_pos, select)], cache)
+        return logits if select is not None else logits.view(B, T, -1)
+
+    def forward_groups(self, inputs: list[GroupInput], cache: KVCache | None = None) -> Tensor:
+        """One pass over several groups of rows - say a decode step of the live rows and the
+        prefill of new ones - whose linear layers run over all their tokens at once (one
+        matrix product instead of one per group), attention per group. Logits ``[N', vocab]``:
+        every token of each group in order, or its ``select`` positions only."""
+        groups: list[Group] = []
+        xs: list[Tensor] = []
+        for gi in inputs:
+            B, T = gi.idx.shape
+            x = self.tok_emb(gi.idx) + self.pos_emb(gi.pos) + self.role_emb(gi.role)  # [B, T, D]
+            xs.append(x.view(B * T, -1))
+            # the mask as an additive bias, built once for every layer: [B, 1, T, S]
+            bias = torch.zeros(gi.mask.shape, dtype=x.dtype, device=x.device)
+            bias = bias.masked_fill_(~gi.mask, float("-inf"))[:, None]
+            flat_pos = None
+            if cache is not None and gi.cache_pos is not None:
+                flat_pos = decode_positions(gi.cache_pos, self.cfg.n_head, cache.k.shape[3], gi.row0)
+            groups.append(Group(B, T, bias, gi.row0, gi.cache_pos, flat_pos, gi.select))
+        x = xs[0] if len(xs) == 1 else torch.cat(xs)  # [N, D]
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             # the last block computes only the wanted positions: its outputs elsewhere feed
             # nothing (a prefill wants one position a row; about 1/8 of its work saved)
-            x = block(x, mask, i, cache, row0, cache_pos, select if i == last else None)
-        if select is not None:
-            x = x[:, 0]  # [B, D]
+            x = block(x, groups, i, cache, i == last)
         x = self.ln_f(x)
-        return F.linear(x, self.tok_emb.weight)  # tied embeddings: [B, (T,) vocab]
+        return F.linear(x, self.tok_emb.weight)  # tied embeddings: [N', vocab]
+
+
+def decode_positions(cache_pos: Tensor, n_head: int, max_len: int, row0: int = 0) -> Tensor:
+    """Row indices ``[B * H]`` into a layer's cache viewed as ``[rows * H * max_len, hd]``
+    for a decode step's new keys and values: row ``row0 + b``, head ``h``, position
+    ``cache_pos[b]``."""
+    B = cache_pos.shape[0]
+    heads = torch.arange(n_head, device=cache_pos.device)
+    rows = torch.arange(row0, row0 + B, device=cache_pos.device)[:, None]
+    return ((rows * n_head + heads) * max_len + cache_pos[:, None]).reshape(-1)
