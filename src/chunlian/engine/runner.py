@@ -235,11 +235,9 @@ class ModelRunner:
     def _decode_input(self) -> GroupInput:
         """The model input of one decode step over every live row (advances their positions)."""
         dev = self.device
-        idx = torch.tensor([[r.next_id] for r in self.rows], device=dev)
-        pos_list = [r.next_pos for r in self.rows]
-        pos = torch.tensor(pos_list, device=dev)
-        role = torch.tensor([[r.next_role] for r in self.rows], device=dev)
-        S = max(pos_list) + 1
+        feed = torch.tensor([(r.next_id, r.next_pos, r.next_role) for r in self.rows], device=dev)  # [B, 3]
+        idx, pos, role = feed[:, 0:1], feed[:, 1], feed[:, 2:3]
+        S = max(r.next_pos for r in self.rows) + 1
         mask = (torch.arange(S, device=dev)[None, :] <= pos[:, None])[:, None, :]  # [B, 1, S]
         for r in self.rows:
             r.next_pos += 1
