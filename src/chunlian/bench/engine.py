@@ -101,7 +101,7 @@ def run(
     """Run the three modes (and an optional batch-size sweep); return one flat report.
 
     Static and continuous run ``rounds`` times, alternating which goes first, and the
-    figures are their means; sequential runs half its sample before them and half after.
+    figures are their means; sequential runs a slice of its sample before and after each.
     The host's speed drifts within a run, and modes measured one after the other once
     carry that drift into their ratio.
     """
@@ -120,17 +120,26 @@ def run(
 
     warm = min(16, max_batch_size)
     asyncio.run(_drive(loaded, mix[:16], warm, "continuous", hengpi, threads))  # warm-up
-    # sequential: half of its sample before the batched runs and half after (two strata of
-    # the same length mix), so that drift of the host's speed falls on both sides
-    halves = [h for h in (seq_mix[0::2], seq_mix[1::2]) if h]
-    seq_runs = [asyncio.run(_drive(loaded, halves[0], 1, "continuous", hengpi, threads))]
+    # sequential: its sample cut into strata of the same length mix, one run before each
+    # batched run and one after the last, so that drift of the host's speed (seen here:
+    # 30% within a minute) falls on every mode alike
     modes = ("static", "static_retire", "continuous")
+    k = rounds * len(modes) + 1
+    slices = [h for h in (seq_mix[i::k] for i in range(k)) if h]
+
+    def sequential_slice() -> None:
+        if slices:
+            seq_runs.append(asyncio.run(_drive(loaded, slices.pop(0), 1, "continuous", hengpi, threads)))
+
+    seq_runs: list[dict[str, float]] = []
+    sequential_slice()
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for i in range(rounds):
         for mode in modes if i % 2 == 0 else modes[::-1]:
             runs[mode].append(asyncio.run(_drive(loaded, mix, max_batch_size, mode, hengpi, threads)))
-    for half in halves[1:]:
-        seq_runs.append(asyncio.run(_drive(loaded, half, 1, "continuous", hengpi, threads)))
+            sequential_slice()
+    while slices:
+        sequential_slice()
     seq = _mean_run(seq_runs)
     seq["seq_per_s"] = len(seq_mix) / sum(r["wall_s"] for r in seq_runs)
     static, cont = _mean_run(runs["static"]), _mean_run(runs["continuous"])
