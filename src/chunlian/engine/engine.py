@@ -6,7 +6,7 @@ futures. Every request's future is completed on every path: result, error, deadl
 cancellation, overload and shutdown.
 
     event loop                         engine thread
-    generate() ──submit──▶ inbox ──▶ Scheduler.plan() ─▶ ModelRunner.prefill/decode
+    generate() ──submit──▶ inbox ──▶ Scheduler.plan() ─▶ ModelRunner.step (prefill+decode)
         ▲                                     │ finished sequences → rerank, 横批
         └──── call_soon_threadsafe(set_result/set_exception) ◀──┘
 """

@@ -9,7 +9,9 @@ row into it), so a decode step attends over a plain slice of the cache, with no 
   The prompt prefix ``[BOS][STYLE][REGISTER]`` is not recomputed: its keys and values are
   the same for every sequence of a style and register, and are copied in (``_prefix``).
 * ``decode()``: one token for every live row, each at its own position.
-Both apply the couplet rules (``model.decoding``) as batched logit masks and return the
+* ``step(specs)``: continuous batching's iteration - ``decode()`` of the live rows and the
+  prefill of ``specs`` in one forward pass (``CoupletTransformer.forward_groups``).
+All apply the couplet rules (``model.decoding``) as batched logit masks and return the
 sequences that finished during the call; finished sequences leave at once.
 
 ``padded_batches`` (the engine sets it for ``batching = "static"``) makes the runner batch
