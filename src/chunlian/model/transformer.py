@@ -22,6 +22,10 @@ cache (``KVCache``) for incremental decoding:
   hold a prefix (a shared prompt prefix copied in) and the tokens go after it.
 * decode: one new token per row ``0 .. B-1``, written at ``cache_pos[b]``; the mask is
   ``[B, 1, S]`` over the first ``S`` cache positions.
+
+``forward_groups`` runs several such groups in one pass - a decode step of the live rows
+and the prefill of new ones: the tokens of every group go through each linear layer as one
+``[N, D]`` matrix, and only attention runs per group (``Group``).
 """
 
 from __future__ import annotations
