@@ -28,7 +28,7 @@ def _service(args: argparse.Namespace) -> int:
     report = run_service_bench(duration_s=args.duration, hit_concurrency=args.hit_concurrency,
                                miss_concurrency=args.miss_concurrency,
                                max_batch_size=args.max_batch_size, progress=not args.json,
-                               engine_process=args.engine_process)
+                               engine_process=args.engine_process, rounds=args.rounds)
     if args.out:
         Path(args.out).write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(report, ensure_ascii=False) if args.json else format_report(report))
@@ -54,7 +54,10 @@ def register(sub: Any) -> None:
     e.set_defaults(fn=_engine)
     v = bsub.add_parser("service", help="cache hits vs a bare FastAPI endpoint; misses vs the engine's peak")
     v.add_argument("--json", action="store_true")
-    v.add_argument("--duration", type=float, default=15.0, help="seconds per HTTP phase (default 15)")
+    v.add_argument("--duration", type=float, default=15.0,
+                   help="seconds per HTTP phase, over all rounds (default 15)")
+    v.add_argument("--rounds", type=positive(int), default=2,
+                   help="every phase this many times, alternating the order; figures are means (default 2)")
     v.add_argument("--hit-concurrency", type=int, default=64)
     v.add_argument("--miss-concurrency", type=int, default=64)
     v.add_argument("--max-batch-size", type=int, default=64)
