@@ -11,8 +11,8 @@ tree on the same machine (loopback, bounded in time):
    distinct lines (every request a miss, so every request goes through the engine), and
    ``chunlian bench engine``'s continuous mode on the same model, same ``max_batch_size``,
    on the same requests the HTTP phase sends (same lines and styles), all submitted at
-   once (no HTTP). The peak is the best of 1 and 2 torch threads;
-   both are reported.
+   once (no HTTP). The peak is the better of 1 and 2 torch threads (each the mean of its
+   rounds); both are reported.
 
 The phases run in ``rounds`` (default 2), each round every phase for ``duration / rounds``
 seconds, the order reversed every other round; the figures are the rounds' means, and each

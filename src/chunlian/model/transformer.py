@@ -95,9 +95,6 @@ class Group:
     flat_pos: Tensor | None = None  # [B * H] decode only (``decode_positions``)
     select: Tensor | None = None  # [B]
 
-    def out_tokens(self, selected: bool) -> int:
-        return self.B if selected and self.select is not None else self.B * self.T
-
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
