@@ -41,30 +41,15 @@ class FakeRunner:
         if self.fail_on is not None and any(s.upper == self.fail_on for s, _ in self.live.values()):
             raise RuntimeError("boom")
 
-    def prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]:
-        assert len(self.live) + len(specs) <= self.capacity
-        for s in specs:
-            self.live[s.seq_id] = (s, 0)
-            self.prefilled.append(s.seq_id)
-        self._wait()
-        self._check()
-        return self._advance([s.seq_id for s in specs])
-
-    def decode(self) -> list[SeqOutput]:
-        self._wait()
-        self._check()
-        self.batch_sizes.append(len(self.live))
-        return self._advance(list(self.live))
-
     def step(self, specs: list[SeqSpec]) -> list[SeqOutput]:
-        """The fused iteration (``ModelRunner.step``): the live rows advance a token and
-        ``specs`` are admitted with their first one, in one call."""
+        """One iteration (``ModelRunner.step``): the live rows advance a token and ``specs``
+        are admitted with their first one; ``steps_fused`` counts calls that did both."""
         old = list(self.live)
         assert len(old) + len(specs) <= self.capacity
         for s in specs:
             self.live[s.seq_id] = (s, 0)
             self.prefilled.append(s.seq_id)
-        self.steps_fused += 1
+        self.steps_fused += bool(old and specs)
         self._wait()
         self._check()
         self.batch_sizes.append(len(self.live))

@@ -53,8 +53,7 @@ class Runner(Protocol):
     tokens_emitted: int
     padded_batches: bool  # set for static batching: one padded rectangle per batch
 
-    def prefill(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
-    def decode(self) -> list[SeqOutput]: ...
+    # decode the live rows and admit ``specs`` (either may be empty): one iteration
     def step(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
     def release(self, seq_ids: set[int] | list[int]) -> None: ...
     def bind_thread(self) -> None: ...  # called on the engine thread before its first step
@@ -299,12 +298,8 @@ class Engine:
         batch = self.scheduler.live_seqs
         try:
             specs = [s for p in admitted for s in p.specs]
-            if specs and decode:  # continuous batching: the live rows and the new, one pass
+            if specs or decode:  # the runner fuses a decode with an admission (one pass)
                 finished += self.runner.step(specs)
-            elif specs:
-                finished += self.runner.prefill(specs)
-            elif decode:
-                finished += self.runner.decode()
             self.stats.prefill_total += len(admitted)
         except Exception as e:  # a failed step fails the requests in it, not the engine
             log.exception("model step failed")

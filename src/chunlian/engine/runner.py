@@ -141,15 +141,18 @@ class ModelRunner:
         """
         if not specs:
             return []
-        if len(specs) > self.capacity - self.n_live:
-            raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
-        if self.padded_batches and self.rows:
-            raise ValueError("a padded batch admits nothing until it has finished")
+        self._check_room(specs)
         chunks = [specs] if self.padded_batches else prefill_chunks(specs, self._prompt_len)
         out: list[SeqOutput] = []
         for chunk in chunks:
             out.extend(self._prefill(chunk))
         return out
+
+    def _check_room(self, specs: list[SeqSpec]) -> None:
+        if len(specs) > self.capacity - self.n_live:
+            raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
+        if self.padded_batches and self.rows:
+            raise ValueError("a padded batch admits nothing until it has finished")
 
     def _prompt_len(self, spec: SeqSpec) -> int:
         """Prompt tokens a prefill computes: its prompt characters, SEP for a 下联 (the
@@ -273,8 +276,7 @@ class ModelRunner:
             return self.decode()
         if not self.rows or self.padded_batches:
             return self.prefill(specs)
-        if len(specs) > self.capacity - self.n_live:
-            raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
+        self._check_room(specs)
         dec_rows = list(self.rows)
         inputs = [self._decode_input()]
         new_rows: list[_Row] = []
@@ -292,7 +294,7 @@ class ModelRunner:
     def _emit(self, logits: Tensor, rows: list[_Row]) -> list[SeqOutput]:
         """Apply the rules, choose one token per row, advance states, retire finished rows."""
         tok = self.tok
-        sep_rows = [b for b, r in enumerate(rows) if r.pending_sep]
+        sep_rows = {b for b, r in enumerate(rows) if r.pending_sep}
         states = [r.state for r in rows]
         con = self.constrainer.apply(logits.float(), states, self.tone_bias)
         logits, forced, choice = con.scores, con.forced, con.top_id  # [B, V], B, [B]

@@ -148,9 +148,8 @@ class Attention(nn.Module):
                     k = ck[r0 : r0 + B, :, :S].to(q.dtype)
                     v = cv[r0 : r0 + B, :, :S].to(q.dtype)
             else:  # decode: one token per row at its own position
-                flat_pos = g.flat_pos
-                if flat_pos is None:
-                    flat_pos = decode_positions(g.cache_pos, self.n_head, ck.shape[2], r0)
+                flat_pos = g.flat_pos  # set with cache_pos (``forward_groups``)
+                assert flat_pos is not None
                 hd = self.head_dim  # one row copy per (row, head): cheaper than an index_put
                 ck.view(-1, hd).index_copy_(0, flat_pos, k.reshape(B * self.n_head, hd).to(ck.dtype))
                 cv.view(-1, hd).index_copy_(0, flat_pos, v.reshape(B * self.n_head, hd).to(cv.dtype))
