@@ -52,7 +52,8 @@ def _generator(args: argparse.Namespace) -> Any:
     from chunlian.offline import OfflineGenerator
 
     return OfflineGenerator.load(
-        args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1)
+        args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1),
+        matmul=args.matmul,
     )
 
 
@@ -155,7 +156,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from chunlian.training.eval_run import run_eval
 
     report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
-                      args.batch_size, args.tone_bias, args.beam)
+                      args.batch_size, args.tone_bias, args.beam, args.matmul)
     if args.json:
         _dump(report)
     else:
@@ -170,7 +171,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k) for k in ("host", "port", "model_path", "device", "max_batch_size",
                                                 "max_wait_ms", "max_queue_size", "redis_url", "batching",
-                                                "log_level", "torch_threads")}
+                                                "log_level", "torch_threads", "matmul")}
     serve(load_settings(**overrides))
     return 0
 
@@ -201,6 +202,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", type=Path, default=None, help="weights (default: shipped)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
+    p.add_argument("--matmul", default="float32", choices=["auto", "float32", "bfloat16"],
+                   help="linear layers' precision (auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -274,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batching", choices=["continuous", "static"])
     s.add_argument("--log-level")
     s.add_argument("--torch-threads", type=int)
+    s.add_argument("--matmul", choices=["auto", "float32", "bfloat16"])
     s.set_defaults(fn=cmd_serve)
 
     w = sub.add_parser("warmup", help="warm a running service or cluster")

@@ -82,11 +82,12 @@ class OfflineGenerator:
     @classmethod
     def load(
         cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
+        matmul: str = "float32",
     ) -> OfflineGenerator:
         from chunlian.model.hengpi import HengpiSelector
 
         check_beam(beam_width)
-        loaded = load_weights(model_path, device)
+        loaded = load_weights(model_path, device, matmul)
         return cls(loaded, ModelRunner(loaded, capacity, device), HengpiSelector.from_loaded(loaded), beam_width)
 
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:

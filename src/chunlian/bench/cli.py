@@ -13,7 +13,7 @@ def _engine(args: argparse.Namespace) -> int:
 
     sweep = [int(x) for x in args.sweep.split(",")] if args.sweep else None
     report = run(args.model_path, args.max_batch_size, args.requests, args.sequential_requests,
-                 args.threads, sweep, args.device, args.rounds)
+                 args.threads, sweep, args.device, args.rounds, args.matmul)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -48,6 +48,8 @@ def register(sub: Any) -> None:
     e.add_argument("--requests", type=positive(int), default=800)
     e.add_argument("--sequential-requests", type=positive(int), default=100)
     e.add_argument("--threads", type=positive(int), default=2)
+    e.add_argument("--matmul", default="float32", choices=["auto", "float32", "bfloat16"],
+                   help="linear layers' precision (auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
     e.add_argument("--sweep", default="", help="also a table by max_batch_size, e.g. 1,8,32,128")
     e.add_argument("--rounds", type=positive(int), default=2,
                    help="static and continuous runs each, alternating order; figures are means (default 2)")

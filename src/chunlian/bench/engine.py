@@ -96,7 +96,7 @@ async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], 
 def run(
     model_path: Path | None = None, max_batch_size: int = 128, requests: int = 400,
     sequential_requests: int = 100, threads: int = 2, sweep: list[int] | None = None,
-    device: str = "cpu", rounds: int = 2,
+    device: str = "cpu", rounds: int = 2, matmul: str = "float32",
 ) -> dict[str, Any]:
     """Run the three modes (and an optional batch-size sweep); return one flat report.
 
@@ -111,7 +111,7 @@ def run(
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     single_threaded_here()  # the engine threads get ``threads`` (ModelRunner.bind_thread)
-    loaded = load_weights(model_path, device)
+    loaded = load_weights(model_path, device, matmul)
     hengpi = HengpiSelector.from_loaded(loaded)
     mix = mixed_lines(requests)
     # the sequential run is slow, so it takes a sample - with the mix's length distribution
@@ -152,6 +152,7 @@ def run(
         "sequential_mean_chars": _mean_chars(seq_mix),
         "max_batch_size": max_batch_size,
         "torch_threads": threads,
+        "matmul": loaded.matmul,
         "rounds": rounds,
         "sequential_seq_per_s": round(seq["seq_per_s"], 1),
         "static_seq_per_s": round(static["seq_per_s"], 1),
@@ -189,14 +190,15 @@ def http_requests(count: int) -> list[CoupletRequest]:
 
 
 def peak(model_path: str | None, max_batch_size: int, requests: int, threads: int,
-         workload: str = "mixed") -> dict[str, Any]:
+         workload: str = "mixed", matmul: str | None = None) -> dict[str, Any]:
     """Continuous batching only, all ``requests`` submitted at once (the engine's peak), on
-    the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``)."""
+    the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``); ``matmul``
+    None: the service's setting (``CHUNLIAN_MATMUL``), as the server it is compared with."""
     from chunlian.engine.runner import single_threaded_here
     from chunlian.model.hengpi import HengpiSelector
 
     single_threaded_here()  # the engine thread gets ``threads`` (ModelRunner.bind_thread)
-    loaded = load_weights(Path(model_path) if model_path else None, "cpu")
+    loaded = load_weights(Path(model_path) if model_path else None, "cpu", matmul or load_settings().matmul)
     hengpi = HengpiSelector.from_loaded(loaded)
     mix: list[str] | list[CoupletRequest] = http_requests(requests) if workload == "http" else mixed_lines(requests)
     warm = min(16, max_batch_size)
@@ -204,4 +206,4 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
     r = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi, threads))
     return {"seq_per_s": round(r["seq_per_s"], 1), "p50_ms": round(r["p50_ms"], 1),
             "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix),
-            "workload": workload}
+            "workload": workload, "matmul": loaded.matmul}

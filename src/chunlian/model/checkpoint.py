@@ -27,6 +27,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     name: str
     version: str  # short content hash of the weights file unless set at export
+    matmul: str = "float32"  # the linear layers' precision (``model.lowp``)
 
     @property
     def tag(self) -> str:
@@ -54,9 +55,14 @@ def save_weights(
     save_file(tensors, str(path), metadata=meta)
 
 
-def load_weights(path: Path | None = None, device: str = "cpu") -> LoadedModel:
-    """Load a shipped or exported model; raises ``ModelError`` with the reason."""
+def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "float32") -> LoadedModel:
+    """Load a shipped or exported model; raises ``ModelError`` with the reason.
+
+    ``matmul`` (``model.lowp``): ``float32``; ``bfloat16`` (inference only: linear layers
+    on bf16-rounded weights); ``auto``: bfloat16 where the CPU has AMX."""
     from safetensors import safe_open
+
+    from chunlian.model.lowp import resolve_matmul, use_bf16_matmuls
 
     path = path or DEFAULT_WEIGHTS
     if not path.is_file():
@@ -74,5 +80,8 @@ def load_weights(path: Path | None = None, device: str = "cpu") -> LoadedModel:
     if missing or unexpected:
         raise ModelError(f"weights at {path} do not fit the model: missing={missing} unexpected={unexpected}")
     model.eval().to(device)
+    chosen = resolve_matmul(matmul, device)
+    if chosen == "bfloat16":
+        use_bf16_matmuls(model)
     version = meta.get("version") or hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-    return LoadedModel(model, tok, meta.get("name", MODEL_NAME), version)
+    return LoadedModel(model, tok, meta.get("name", MODEL_NAME), version, chosen)

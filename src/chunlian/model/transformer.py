@@ -26,6 +26,10 @@ cache (``KVCache``) for incremental decoding:
 ``forward_groups`` runs several such groups in one pass - a decode step of the live rows
 and the prefill of new ones: the tokens of every group go through each linear layer as one
 ``[N, D]`` matrix, and only attention runs per group (``Group``).
+
+For inference on CPUs with AMX the linear layers and the head may be swapped for bf16
+ones (``model.lowp``): their outputs are then bf16, and the residual stream, attention and
+cache stay fp32 (``x + bf16`` promotes to fp32), as in bf16-autocast training.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ class Attention(nn.Module):
         """``[N, D]`` tokens of all groups -> ``[N', D]`` (``N'``: the selected ones when
         ``selected``). The projections run over every group at once; attention per group."""
         D = x.shape[-1]
-        qkv = self.qkv(x)  # [N, 3D]
+        qkv = self.qkv(x).float()  # [N, 3D]; attention and the cache are fp32 (``model.lowp``)
         ys: list[Tensor] = []
         at = 0
         for g in groups:
@@ -224,6 +228,9 @@ class CoupletTransformer(nn.Module):
         self.role_emb = nn.Embedding(cfg.n_roles, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
+        # None: the tied embedding as the output layer; inference may set a faster
+        # equivalent (``model.lowp.use_bf16_matmuls``), never part of the state dict
+        self.lm_head: nn.Module | None = None
         self.apply(self._init)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
             if name.endswith(("attn.proj.weight", "out.weight")):
@@ -285,6 +292,8 @@ class CoupletTransformer(nn.Module):
             # nothing (a prefill wants one position a row; about 1/8 of its work saved)
             x = block(x, groups, i, cache, i == last)
         x = self.ln_f(x)
+        if self.lm_head is not None:
+            return self.lm_head(x)  # type: ignore[no-any-return]
         return F.linear(x, self.tok_emb.weight)  # tied embeddings: [N', vocab]
 
 

@@ -38,14 +38,14 @@ def read_eval_pairs(path: Path, limit: int | None) -> list[tuple[str, str]]:
 def run_eval(
     data: Path, limit: int | None = None, model_path: Path | None = None, device: str = "cpu",
     baselines: bool = False, batch_size: int = 64, tone_bias: float | None = None,
-    beam: int = 1,
+    beam: int = 1, matmul: str = "float32",
 ) -> dict[str, Any]:
     from chunlian.offline import OfflineGenerator
 
     pairs = read_eval_pairs(data, limit)
     if not pairs:
         raise InvalidInput(f"{data} holds no usable pairs", "data")
-    gen = OfflineGenerator.load(model_path, device, capacity=batch_size, beam_width=beam)
+    gen = OfflineGenerator.load(model_path, device, capacity=batch_size, beam_width=beam, matmul=matmul)
     if tone_bias is not None:
         gen.runner.tone_bias = tone_bias
     uppers = [u for u, _ in pairs]
@@ -57,6 +57,8 @@ def run_eval(
     report: dict[str, Any] = {**compute_metrics(uppers, hyps, refs), "seconds": round(seconds, 2)}
     if beam > 1:
         report["beam"] = beam
+    if gen.loaded.matmul != "float32":
+        report["matmul"] = gen.loaded.matmul  # model.lowp: answers differ a little from fp32's
     if baselines:
         rand = random_real_baseline(uppers, refs, refs, seed=0)
         report["baseline_random_real"] = compute_metrics(uppers, rand, refs)
