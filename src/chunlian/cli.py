@@ -133,10 +133,12 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from chunlian.training.train import TrainConfig, train
 
+    if args.dropout is not None and not 0.0 <= args.dropout < 1.0:
+        return _fail(f"--dropout must be in [0, 1), got {args.dropout}")
     cfg = TrainConfig(data_dir=args.data, out_dir=args.out, export_path=args.export)
     if args.max_steps:
         cfg.max_steps = args.max_steps
-    for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs"):
+    for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs", "dropout"):
         value = getattr(args, name)
         if value is not None:  # given on the command line (0 included)
             setattr(cfg, name, value)
@@ -252,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr-max", type=float, default=None)
     t.add_argument("--warmup-steps", type=int, default=None)
     t.add_argument("--batch-pairs", type=int, default=None)
+    t.add_argument("--dropout", type=float, default=None, help="on embeddings and residual branches (default 0)")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(fn=cmd_train)
 

@@ -1,12 +1,16 @@
-"""Training on a toy corpus: export, resume from a checkpoint, continue from exported weights."""
+"""Training on a toy corpus: export, resume from a checkpoint, continue from exported weights,
+dropout and the best step's export."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from chunlian.model.checkpoint import load_weights
+from chunlian.model.transformer import CoupletTransformer, ModelConfig
 from chunlian.training.train import TrainConfig, train
 
 PAIRS = [("春回大地", "福满人间"), ("天增岁月", "人满乾坤"), ("一帆风顺", "万事如意"),
@@ -53,3 +57,22 @@ def test_init_from_starts_at_the_exported_weights(tmp_path: Path) -> None:
     assert after.tokenizer.itos == before.tokenizer.itos
     for (name, a), (_, b) in zip(before.model.state_dict().items(), after.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_dropout_trains_with_noise_and_infers_without_and_the_best_step_is_kept(tmp_path: Path) -> None:
+    _data(tmp_path)
+    summary = train(_cfg(tmp_path, "d", dropout=0.3), progress=False)
+    best = load_weights(tmp_path / "d" / "best.safetensors")
+    losses = {f"step{h['step']}": h["val_loss"] for h in summary["history"]}  # type: ignore[attr-defined]
+    assert best.version == min(losses, key=losses.__getitem__)
+    assert best.model.cfg.dropout == 0.3  # saved with the config; inert at inference
+    model = CoupletTransformer(ModelConfig(vocab_size=40, n_layer=1, n_head=2, d_model=16, d_ff=32, dropout=0.5))
+    idx = torch.tensor([[1, 2, 3, 4]])
+    pos, role = torch.arange(4)[None], torch.zeros_like(idx)
+    model.train()
+    assert not torch.equal(model(idx, pos, role), model(idx, pos, role))
+    model.eval()
+    assert torch.equal(model(idx, pos, role), model(idx, pos, role))
+    with pytest.raises(ValueError, match="dropout"):
+        ModelConfig(vocab_size=40, dropout=1.0)
+    assert json.loads(json.dumps(best.model.cfg.to_dict()))["dropout"] == 0.3

@@ -29,7 +29,6 @@ CPUs bf16 is emulated and slower; on CUDA ``auto`` keeps fp32.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +37,6 @@ from torch import Tensor, nn
 from chunlian.errors import ConfigError
 from chunlian.model.transformer import Block, CoupletTransformer
 
-Matmul = Literal["auto", "float32", "bfloat16"]
 MATMUL_CHOICES: tuple[str, ...] = ("auto", "float32", "bfloat16")
 BF16 = torch.bfloat16
 # below this many rows an fp32 product of the bf16-rounded operands is cheaper than

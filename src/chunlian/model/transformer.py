@@ -53,12 +53,15 @@ class ModelConfig:
     d_ff: int = 1024
     block_size: int = 72  # 3 prefix + 32 + SEP + 32 + EOS = 69 tokens at most
     n_roles: int = 2 * MAX_LINE + 4
+    dropout: float = 0.0  # training only: on the embeddings and each residual branch
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
 
@@ -175,6 +178,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.fc = nn.Linear(cfg.d_model, cfg.d_ff)
         self.out = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.dropout = cfg.dropout
 
     def forward(
         self, x: Tensor, groups: list[Group], layer: int, cache: KVCache | None, selected: bool
@@ -184,8 +188,12 @@ class Block(nn.Module):
         h = self.ln1(x)
         if selected and any(g.select is not None for g in groups):
             x = _selected_rows(x, groups)
-        x = x + self.attn(h, groups, layer, cache, selected)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))  # type: ignore[no-any-return]
+        x = x + self._drop(self.attn(h, groups, layer, cache, selected))
+        return x + self._drop(self.out(F.gelu(self.fc(self.ln2(x)))))
+
+    def _drop(self, t: Tensor) -> Tensor:
+        # checked here, not an nn.Dropout: inference pays no call for it
+        return F.dropout(t, self.dropout, True) if self.training and self.dropout else t
 
 
 def _selected_rows(x: Tensor, groups: list[Group]) -> Tensor:
@@ -277,6 +285,8 @@ class CoupletTransformer(nn.Module):
         for gi in inputs:
             B, T = gi.idx.shape
             x = self.tok_emb(gi.idx) + self.pos_emb(gi.pos) + self.role_emb(gi.role)  # [B, T, D]
+            if self.training and self.cfg.dropout:
+                x = F.dropout(x, self.cfg.dropout, True)
             xs.append(x.view(B * T, -1))
             # the mask as an additive bias, built once for every layer: [B, 1, T, S]
             bias = torch.zeros(gi.mask.shape, dtype=x.dtype, device=x.device)

@@ -14,7 +14,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -58,6 +58,7 @@ class TrainConfig:
     n_head: int = 6
     d_model: int = 192
     d_ff: int = 768
+    dropout: float = 0.0  # on embeddings and residual branches (ModelConfig.dropout)
 
 
 def encode_batch(
@@ -165,7 +166,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
         tok = init.tokenizer
     else:
         tok = Tokenizer.build(p.upper + p.lower for p in train_pairs)
-    mcfg = init.model.cfg if init is not None else ModelConfig(len(tok), cfg.n_layer, cfg.n_head, cfg.d_model, cfg.d_ff)
+    if init is not None:
+        mcfg = replace(init.model.cfg, dropout=cfg.dropout)
+    else:
+        mcfg = ModelConfig(len(tok), cfg.n_layer, cfg.n_head, cfg.d_model, cfg.d_ff, dropout=cfg.dropout)
     model = CoupletTransformer(mcfg).to(cfg.device)
     if init is not None and state is None:
         model.load_state_dict(init.model.state_dict())
@@ -201,6 +205,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
         save_weights(Path(cfg.export_path), model, tok, version=f"step{cfg.step_offset + step}",
                      extra={"train_cfg": json.dumps(asdict(cfg))})
 
+    # the best validation loss so far: its weights are also kept as best.safetensors (the
+    # last step is not always the best once the data has been seen many times)
+    best_vl = min((float(h["val_loss"]) for h in history), default=math.inf)
     loss_ema = None
     while step < cfg.max_steps:
         for g in opt.param_groups:
@@ -224,6 +231,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
             history.append({"step": step, "train_loss_ema": round(loss_ema, 4), "val_loss": round(vl, 4),
                             "elapsed_s": round(time.perf_counter() - t0, 1)})
             bar.write(json.dumps(history[-1]))
+            if vl < best_vl:
+                best_vl = vl
+                save_weights(out / "best.safetensors", model, tok, version=f"step{cfg.step_offset + step}",
+                             extra={"train_cfg": json.dumps(asdict(cfg)), "val_loss": f"{vl:.4f}"})
         if step % cfg.ckpt_every == 0 or step == cfg.max_steps:
             checkpoint()
     bar.close()
