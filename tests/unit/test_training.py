@@ -76,3 +76,10 @@ def test_dropout_trains_with_noise_and_infers_without_and_the_best_step_is_kept(
     with pytest.raises(ValueError, match="dropout"):
         ModelConfig(vocab_size=40, dropout=1.0)
     assert json.loads(json.dumps(best.model.cfg.to_dict()))["dropout"] == 0.3
+
+
+def test_train_refuses_a_dropout_outside_0_to_1(capsys: pytest.CaptureFixture[str]) -> None:
+    from chunlian.cli import main
+
+    assert main(["train", "--dropout", "1.5"]) == 2
+    assert "--dropout must be in [0, 1), got 1.5" in capsys.readouterr().err
