@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr-max", type=float, default=None)
     t.add_argument("--warmup-steps", type=int, default=None)
     t.add_argument("--batch-pairs", type=int, default=None)
-    t.add_argument("--dropout", type=float, default=None, help="on embeddings and residual branches (default 0)")
+    t.add_argument("--dropout", type=float, default=None, help="on embeddings and residual branches (default: 0 from scratch, the --init-from weights' own when continuing)")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(fn=cmd_train)
 

@@ -269,16 +269,16 @@ class ModelRunner:
         The decode rows and the prefill chunks are groups of one ``forward_groups`` call:
         its linear layers run once over all their tokens, so a step that admits a few
         sequences no longer pays a second pass's fixed cost (six layers of small ops). A
-        new sequence's second token comes at the next step. Padded batches (static) and
-        an idle runner take ``prefill`` / ``decode``.
+        new sequence's second token comes at the next step; an idle runner's pass holds the
+        prefill chunks alone. Padded batches (static) take ``prefill`` / ``decode``.
         """
         if not specs:
             return self.decode()
-        if not self.rows or self.padded_batches:
+        if self.padded_batches:
             return self.prefill(specs)
         self._check_room(specs)
         dec_rows = list(self.rows)
-        inputs = [self._decode_input()]
+        inputs = [self._decode_input()] if dec_rows else []
         new_rows: list[_Row] = []
         row0 = self.n_live
         for chunk in prefill_chunks(specs, self._prompt_len, GROUP_FIXED_TOKENS):

@@ -90,7 +90,6 @@ class BF16Linear(nn.Module):
         self.w32 = w16.float()  # the rounded weights, for products under AMX_MIN_ROWS rows
         self.b16 = None if bias is None else bias.detach().to(BF16)
         self.b32 = None if self.b16 is None else self.b16.float()
-        self.out_features, self.in_features = weight.shape
 
     def forward(self, x: Tensor) -> Tensor:
         x16 = x.to(BF16)

@@ -188,12 +188,13 @@ class Block(nn.Module):
         h = self.ln1(x)
         if selected and any(g.select is not None for g in groups):
             x = _selected_rows(x, groups)
-        x = x + self._drop(self.attn(h, groups, layer, cache, selected))
-        return x + self._drop(self.out(F.gelu(self.fc(self.ln2(x)))))
+        x = x + _dropout(self.attn(h, groups, layer, cache, selected), self.dropout, self.training)
+        return x + _dropout(self.out(F.gelu(self.fc(self.ln2(x)))), self.dropout, self.training)
 
-    def _drop(self, t: Tensor) -> Tensor:
-        # checked here, not an nn.Dropout: inference pays no call for it
-        return F.dropout(t, self.dropout, True) if self.training and self.dropout else t
+
+def _dropout(t: Tensor, p: float, training: bool) -> Tensor:
+    # checked here, not an nn.Dropout: inference pays no call for it
+    return F.dropout(t, p, True) if training and p else t
 
 
 def _selected_rows(x: Tensor, groups: list[Group]) -> Tensor:
@@ -285,8 +286,7 @@ class CoupletTransformer(nn.Module):
         for gi in inputs:
             B, T = gi.idx.shape
             x = self.tok_emb(gi.idx) + self.pos_emb(gi.pos) + self.role_emb(gi.role)  # [B, T, D]
-            if self.training and self.cfg.dropout:
-                x = F.dropout(x, self.cfg.dropout, True)
+            x = _dropout(x, self.cfg.dropout, self.training)
             xs.append(x.view(B * T, -1))
             # the mask as an additive bias, built once for every layer: [B, 1, T, S]
             bias = torch.zeros(gi.mask.shape, dtype=x.dtype, device=x.device)

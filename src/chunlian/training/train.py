@@ -58,7 +58,9 @@ class TrainConfig:
     n_head: int = 6
     d_model: int = 192
     d_ff: int = 768
-    dropout: float = 0.0  # on embeddings and residual branches (ModelConfig.dropout)
+    # on embeddings and residual branches (ModelConfig.dropout); None: the init_from
+    # weights' own (a continuation keeps their regularisation), 0 from scratch
+    dropout: float | None = None
 
 
 def encode_batch(
@@ -167,9 +169,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
     else:
         tok = Tokenizer.build(p.upper + p.lower for p in train_pairs)
     if init is not None:
-        mcfg = replace(init.model.cfg, dropout=cfg.dropout)
+        mcfg = init.model.cfg if cfg.dropout is None else replace(init.model.cfg, dropout=cfg.dropout)
     else:
-        mcfg = ModelConfig(len(tok), cfg.n_layer, cfg.n_head, cfg.d_model, cfg.d_ff, dropout=cfg.dropout)
+        mcfg = ModelConfig(len(tok), cfg.n_layer, cfg.n_head, cfg.d_model, cfg.d_ff, dropout=cfg.dropout or 0.0)
     model = CoupletTransformer(mcfg).to(cfg.device)
     if init is not None and state is None:
         model.load_state_dict(init.model.state_dict())
