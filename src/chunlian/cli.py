@@ -204,7 +204,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", type=Path, default=None, help="weights (default: shipped)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
-    p.add_argument("--matmul", default="float32", choices=["auto", "float32", "bfloat16"],
+    p.add_argument("--matmul", default="float32", choices=["auto", "float32", "bfloat16", "int8"],
                    help="linear layers' precision (auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
 
 
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batching", choices=["continuous", "static"])
     s.add_argument("--log-level")
     s.add_argument("--torch-threads", type=int)
-    s.add_argument("--matmul", choices=["auto", "float32", "bfloat16"])
+    s.add_argument("--matmul", choices=["auto", "float32", "bfloat16", "int8"])
     s.set_defaults(fn=cmd_serve)
 
     w = sub.add_parser("warmup", help="warm a running service or cluster")

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     # precision of the model's linear layers (model.lowp): bfloat16 (or auto: bf16 where the
     # CPU has AMX) is +14% at 128-row batches there, no gain at 64, -12% for a lone request,
     # and 1.5% of answers then depend on their batch companions; so fp32 by default
-    matmul: Literal["auto", "float32", "bfloat16"] = "float32"
+    matmul: Literal["auto", "float32", "bfloat16", "int8"] = "float32"
     # run the engine core (model, scheduler) in its own process (engine.process): the web
     # server and the engine then hold separate interpreter locks and can use separate cores.
     # Off by default: on 2 cores it gave +10-15% on misses but, under the 2,000-connection

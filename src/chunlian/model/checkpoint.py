@@ -59,7 +59,8 @@ def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "f
     """Load a shipped or exported model; raises ``ModelError`` with the reason.
 
     ``matmul`` (``model.lowp``): ``float32``; ``bfloat16`` (inference only: linear layers
-    on bf16-rounded weights); ``auto``: bfloat16 where the CPU has AMX."""
+    on bf16-rounded weights); ``auto``: bfloat16 where the CPU has AMX; ``int8``
+    (``model.int8``: int8 weights and fixed-scale activations, calibrated here, ~2 s)."""
     from safetensors import safe_open
 
     from chunlian.model.lowp import resolve_matmul, use_bf16_matmuls
@@ -83,5 +84,9 @@ def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "f
     chosen = resolve_matmul(matmul, device)
     if chosen == "bfloat16":
         use_bf16_matmuls(model)
+    elif chosen == "int8":
+        from chunlian.model.int8 import calibration_uppers, use_int8_matmuls
+
+        use_int8_matmuls(model, tok, calibration_uppers())
     version = meta.get("version") or hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     return LoadedModel(model, tok, meta.get("name", MODEL_NAME), version, chosen)

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from chunlian.errors import ConfigError
 from chunlian.model.transformer import Block, CoupletTransformer
 
-MATMUL_CHOICES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+MATMUL_CHOICES: tuple[str, ...] = ("auto", "float32", "bfloat16", "int8")
 BF16 = torch.bfloat16
 # below this many rows an fp32 product of the bf16-rounded operands is cheaper than
 # AMX's fixed cost (measured: 2 rows 6-11 vs 18-20 us; 8 rows 14-24 vs 19-20 us)
@@ -72,6 +72,11 @@ def resolve_matmul(requested: str, device: str) -> str:
         return "bfloat16" if device == "cpu" and cpu_has_amx() and bf16_supported() else "float32"
     if requested == "bfloat16" and (device != "cpu" or not bf16_supported()):
         raise ConfigError(f"matmul 'bfloat16' needs a CPU with oneDNN bf16 support, got device {device!r}")
+    if requested == "int8":
+        from chunlian.model.int8 import int8_supported
+
+        if device != "cpu" or not int8_supported():
+            raise ConfigError(f"matmul 'int8' needs a CPU with fbgemm (x86, AVX2), got device {device!r}")
     return requested
 
 
