@@ -75,8 +75,8 @@ class ActRange:
 
 class Int8Linear(nn.Module):
     """``[N, in]`` fp32 -> ``[N, out]`` fp32 through int8 weights and fixed-scale int8
-    activations. Keeps the fp32 ``weight`` and ``bias`` it was built from as its
-    parameters, so a converted model's ``state_dict`` is unchanged."""
+    activations. Keeps the fp32 ``weight`` and ``bias`` it was built from (parameters
+    stay parameters), so a converted model's ``state_dict`` has the same entries."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, act: ActRange) -> None:
         super().__init__()
@@ -84,11 +84,18 @@ class Int8Linear(nn.Module):
         w = weight.detach().float().contiguous()
         scales = (w.abs().amax(dim=1) / WEIGHT_LEVELS).clamp(min=1e-12).double()  # [out]
         zeros = torch.zeros(w.shape[0], dtype=torch.long)
+        engine = torch.backends.quantized.engine
         with warnings.catch_warnings():  # quantised tensors are deprecated; torch is pinned
             warnings.simplefilter("ignore")
             wq = torch.quantize_per_channel(w, scales, zeros, 0, torch.qint8)
             b = None if bias is None else bias.detach().float()
-            self.packed = torch.ops.quantized.linear_prepack(wq, b)
+            # fbgemm on every x86 host (the default "x86" engine may pick oneDNN where the
+            # CPU has VNNI): the packed weights keep their backend, so one call site decides
+            torch.backends.quantized.engine = "fbgemm"
+            try:
+                self.packed = torch.ops.quantized.linear_prepack(wq, b)
+            finally:
+                torch.backends.quantized.engine = engine
         self.x_scale, self.x_zero_point = act.qparams()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -108,11 +115,13 @@ def calibration_uppers() -> list[str]:
     return lines[::2]
 
 
-def _linears(model: CoupletTransformer) -> list[tuple[nn.Module, str]]:
-    out: list[tuple[nn.Module, str]] = []
-    for block in model.blocks:
+def _linears(model: CoupletTransformer) -> list[tuple[str, nn.Module, str]]:
+    """``(state-dict name, owner, attribute)`` of every block's linear layer."""
+    out: list[tuple[str, nn.Module, str]] = []
+    for i, block in enumerate(model.blocks):
         assert isinstance(block, Block)
-        out += [(block.attn, "qkv"), (block.attn, "proj"), (block, "fc"), (block, "out")]
+        out += [(f"blocks.{i}.attn.qkv", block.attn, "qkv"), (f"blocks.{i}.attn.proj", block.attn, "proj"),
+                (f"blocks.{i}.fc", block, "fc"), (f"blocks.{i}.out", block, "out")]
     return out
 
 
@@ -132,8 +141,7 @@ def calibrate(model: CoupletTransformer, tok: Tokenizer, uppers: list[str]) -> d
             r[0], r[1] = min(r[0], lo), max(r[1], hi)
         return hook
 
-    for i, (owner, attr) in enumerate(_linears(model)):
-        name = f"blocks.{i // 4}.{'attn.' if attr in ('qkv', 'proj') else ''}{attr}"
+    for name, owner, attr in _linears(model):
         hooks.append(getattr(owner, attr).register_forward_pre_hook(recorder(name)))
     hooks.append(model.ln_f.register_forward_hook(recorder("lm_head")))  # the head's input
     try:
@@ -176,11 +184,10 @@ def _greedy(model: CoupletTransformer, prompts: list[list[int]], n: int) -> None
 def use_int8_matmuls(model: CoupletTransformer, tok: Tokenizer, uppers: list[str]) -> dict[str, ActRange]:
     """Calibrate on ``uppers`` (fp32), then swap every linear layer and the LM head for an
     ``Int8Linear``, in place (inference only). Returns the ranges used."""
-    if any(isinstance(getattr(o, a), Int8Linear) for o, a in _linears(model)):
+    if any(isinstance(getattr(o, a), Int8Linear) for _, o, a in _linears(model)):
         raise ValueError("the model's linear layers are int8 already")
     ranges = calibrate(model, tok, uppers)
-    for i, (owner, attr) in enumerate(_linears(model)):
-        name = f"blocks.{i // 4}.{'attn.' if attr in ('qkv', 'proj') else ''}{attr}"
+    for name, owner, attr in _linears(model):
         layer = getattr(owner, attr)
         setattr(owner, attr, Int8Linear(layer.weight, layer.bias, ranges[name]))
     # the tied embedding, detached: a plain attribute, so no "lm_head.weight" in the state dict
