@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chunlian.errors import ChunlianError, ConfigError, InvalidInput
+from chunlian.types import MATMUL_CHOICES
 
 PLUGINS = ("chunlian.bench.cli", "chunlian.jobs.cli", "chunlian.cluster.cli")
 EXIT_USAGE = 2
@@ -204,8 +205,8 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", type=Path, default=None, help="weights (default: shipped)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
-    p.add_argument("--matmul", default="float32", choices=["auto", "float32", "bfloat16", "int8"],
-                   help="linear layers' precision (auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
+    p.add_argument("--matmul", default="float32", choices=MATMUL_CHOICES,
+                   help="linear layers' precision (int8: any x86 CPU; auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batching", choices=["continuous", "static"])
     s.add_argument("--log-level")
     s.add_argument("--torch-threads", type=int)
-    s.add_argument("--matmul", choices=["auto", "float32", "bfloat16", "int8"])
+    s.add_argument("--matmul", choices=MATMUL_CHOICES)
     s.set_defaults(fn=cmd_serve)
 
     w = sub.add_parser("warmup", help="warm a running service or cluster")

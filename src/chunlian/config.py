@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from chunlian.errors import ConfigError
+from chunlian.types import Matmul
 
 DEFAULT_WARMUP = (
     "新春", "平安", "发财", "福", "吉祥", "如意",
@@ -41,7 +42,7 @@ class Settings(BaseSettings):
     # and 1.5% of answers then depend on their batch companions; int8 (model.int8, any x86
     # CPU) is faster at every batch size and batch-invariant, but changes a third of the
     # answers (BLEU the same); so fp32 by default
-    matmul: Literal["auto", "float32", "bfloat16", "int8"] = "float32"
+    matmul: Matmul = "float32"
     # run the engine core (model, scheduler) in its own process (engine.process): the web
     # server and the engine then hold separate interpreter locks and can use separate cores.
     # Off by default: on 2 cores it gave +10-15% on misses but, under the 2,000-connection

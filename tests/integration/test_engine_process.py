@@ -11,8 +11,8 @@ import signal
 import pytest
 
 from chunlian import errors as E
-from chunlian.bench.common import sample_uppers
 from chunlian.config import load_settings
+from chunlian.data.samples import sample_uppers
 from chunlian.engine.process import ProcessEngine, decode_error, encode_error
 from chunlian.types import CoupletRequest
 

@@ -27,8 +27,8 @@ import httpx
 import pytest
 import redis
 
-from chunlian.bench.common import sample_uppers
 from chunlian.config import load_settings
+from chunlian.data.samples import sample_uppers
 from chunlian.errors import InvalidInput
 from chunlian.jobs.items import MAX_JOB_ITEMS
 from chunlian.jobs.redis_store import job_keys

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from chunlian.types import MATMUL_CHOICES
+
 
 def _engine(args: argparse.Namespace) -> int:
     from chunlian.bench.engine import run
@@ -48,8 +50,8 @@ def register(sub: Any) -> None:
     e.add_argument("--requests", type=positive(int), default=800)
     e.add_argument("--sequential-requests", type=positive(int), default=100)
     e.add_argument("--threads", type=positive(int), default=2)
-    e.add_argument("--matmul", default="float32", choices=["auto", "float32", "bfloat16", "int8"],
-                   help="linear layers' precision (auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
+    e.add_argument("--matmul", default="float32", choices=MATMUL_CHOICES,
+                   help="linear layers' precision (int8: any x86 CPU; auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
     e.add_argument("--sweep", default="", help="also a table by max_batch_size, e.g. 1,8,32,128")
     e.add_argument("--rounds", type=positive(int), default=2,
                    help="static and continuous runs each, alternating order; figures are means (default 2)")

@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import resources
-
-
-def sample_uppers() -> list[str]:
-    text = resources.files("chunlian.resources").joinpath("sample_uppers.txt").read_text(encoding="utf-8")
-    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-
 
 def percentile(xs: list[float], q: float) -> float:
     if not xs:

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chunlian.bench.common import percentile, sample_uppers
+from chunlian.bench.common import percentile
 from chunlian.config import load_settings
+from chunlian.data.samples import sample_uppers
 from chunlian.engine.engine import Engine
 from chunlian.engine.runner import ModelRunner
 from chunlian.model.checkpoint import LoadedModel, load_weights

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from chunlian.bench.common import sample_uppers
+from chunlian.data.samples import sample_uppers
 
 STYLES = ("traditional", "business", "family", "literary")
 DEFAULT_URL = "http://127.0.0.1:8000"

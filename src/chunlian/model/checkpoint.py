@@ -27,7 +27,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     name: str
     version: str  # short content hash of the weights file unless set at export
-    matmul: str = "float32"  # the linear layers' precision (``model.lowp``)
+    matmul: str = "float32"  # the linear layers' precision (``model.lowp``, ``model.int8``)
 
     @property
     def tag(self) -> str:
@@ -60,7 +60,7 @@ def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "f
 
     ``matmul`` (``model.lowp``): ``float32``; ``bfloat16`` (inference only: linear layers
     on bf16-rounded weights); ``auto``: bfloat16 where the CPU has AMX; ``int8``
-    (``model.int8``: int8 weights and fixed-scale activations, calibrated here, ~2 s)."""
+    (``model.int8``: int8 weights and fixed-scale activations, calibrated here: 3-4 s on the AMD host)."""
     from safetensors import safe_open
 
     from chunlian.model.lowp import resolve_matmul, use_bf16_matmuls

@@ -21,7 +21,7 @@ the same weights give the same ranges.
 
 Measured on an AMD EPYC (AVX2) host with 2 threads (docs/benchmarks.md, seventh session):
 the 7,703-way LM head 2.7 against 7.3 ms at 128 rows, the block layers 1.2-1.5x; the runner
-on the 800-line mix at 128 rows +12-32% sequences/s, a lone request 34-37 against 59 ms.
+on the 800-line mix at 128 rows +12-32% sequences/s, and at one row 34-37 against 59 ms.
 Validation BLEU-4 3.27 against fp32's 3.29 (rules 1.0 either way); a third of the answers
 differ from fp32's (near-ties of the logits), so fp32 stays the default.
 """
@@ -106,13 +106,11 @@ class Int8Linear(nn.Module):
 
 
 def calibration_uppers() -> list[str]:
-    """Every other line of the built-in sample of 上联 (``resources/sample_uppers.txt``,
-    also the load tester's default lines): 200 lines of 4 to 27 characters."""
-    from importlib import resources
+    """Every other line of the built-in sample of 上联 (``data.samples``, also the load
+    tester's default lines): 200 lines of 4 to 27 characters."""
+    from chunlian.data.samples import sample_uppers
 
-    text = resources.files("chunlian.resources").joinpath("sample_uppers.txt").read_text(encoding="utf-8")
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
-    return lines[::2]
+    return sample_uppers()[::2]
 
 
 def _linears(model: CoupletTransformer) -> list[tuple[str, nn.Module, str]]:

@@ -36,8 +36,8 @@ from torch import Tensor, nn
 
 from chunlian.errors import ConfigError
 from chunlian.model.transformer import Block, CoupletTransformer
+from chunlian.types import MATMUL_CHOICES
 
-MATMUL_CHOICES: tuple[str, ...] = ("auto", "float32", "bfloat16", "int8")
 BF16 = torch.bfloat16
 # below this many rows an fp32 product of the bf16-rounded operands is cheaper than
 # AMX's fixed cost (measured: 2 rows 6-11 vs 18-20 us; 8 rows 14-24 vs 19-20 us)

@@ -58,7 +58,7 @@ def run_eval(
     if beam > 1:
         report["beam"] = beam
     if gen.loaded.matmul != "float32":
-        report["matmul"] = gen.loaded.matmul  # model.lowp: answers differ a little from fp32's
+        report["matmul"] = gen.loaded.matmul  # model.lowp / model.int8: answers differ from fp32's
     if baselines:
         rand = random_real_baseline(uppers, refs, refs, seed=0)
         report["baseline_random_real"] = compute_metrics(uppers, rand, refs)

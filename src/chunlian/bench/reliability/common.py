@@ -40,7 +40,7 @@ HOT_LINES = ("春回大地千山秀", "天增岁月人增寿", "爆竹声声辞�
 
 def upper_lines() -> list[str]:
     """The 400 real upper lines shipped with the package."""
-    from chunlian.bench.common import sample_uppers
+    from chunlian.data.samples import sample_uppers
 
     return sample_uppers()
 
