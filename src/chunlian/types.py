@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -39,6 +37,10 @@ class DecodeParams:
                 "top_k": self.top_k, "top_p": self.top_p}
 
 
+# CoupletRequest.identity(): upper, heads, keyword, length, style, decoding parameters
+RequestIdentity = tuple[str | None, str | None, str | None, int | None, str, DecodeParams]
+
+
 @dataclass(frozen=True)
 class CoupletRequest:
     """One generation request: a 下联 for ``upper``, or (compose) a whole couplet.
@@ -61,14 +63,11 @@ class CoupletRequest:
     def kind(self) -> str:
         return "couplet" if self.upper is not None else "compose"
 
-    def identity(self) -> str:
-        """A stable hash of everything that determines the output (coalescing, caching)."""
-        material = {
-            "upper": self.upper, "heads": self.heads, "keyword": self.keyword,
-            "length": self.length, "style": self.style, "params": self.params.as_dict(),
-        }
-        blob = json.dumps(material, ensure_ascii=False, sort_keys=True)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    def identity(self) -> RequestIdentity:
+        """Everything that determines the output, as a hashable value (coalescing of
+        identical requests in flight, the cache key's material); not priority or timeout.
+        A tuple, not a digest: it is built for every request on the event loop."""
+        return (self.upper, self.heads, self.keyword, self.length, self.style, self.params)
 
 
 @dataclass(frozen=True)

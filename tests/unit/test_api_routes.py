@@ -186,6 +186,7 @@ async def test_engine_errors_map_to_statuses() -> None:
         "春回大地千山秀": DeadlineExceeded("too slow"),
         "爆竹声声辞旧岁": EngineStopped("stopping"),
         "生意兴隆通四海": RuntimeError("boom at /secret/path.py"),
+        "新春": RuntimeError("boom in a framework route"),
     }
     async with running_app(engine) as h:
         r = await h.client.post("/v1/couplets", json={"upper": "一帆风顺年年好"})
@@ -200,6 +201,11 @@ async def test_engine_errors_map_to_statuses() -> None:
         assert "secret" not in r.text and "boom" not in r.text
         assert r.headers["x-request-id"] == "boom-1"
         assert r.headers["x-chunlian-instance"] == "unit-1"
+        # a bug behind a route the framework serves (not the fast path): the same shape
+        r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春"}, headers={"x-request-id": "boom-2"})
+        assert_error(r, 500, "internal")
+        assert "boom" not in r.text
+        assert r.headers["x-request-id"] == "boom-2"
 
 
 async def test_request_id_echoed_or_generated_on_every_response() -> None:

@@ -192,8 +192,15 @@ def allowed_methods(request: Request) -> str | None:
     return ", ".join(allowed) or None
 
 
+async def _on_unexpected(request: Request, exc: Exception) -> Response:
+    # Starlette's outermost error layer calls this, then re-raises ``exc``, which the
+    # service middleware in front logs with the request id: not logged twice here.
+    return error_response(500, "internal", "the server failed to answer this request")
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    """Route every error the app can raise to the shared shape."""
+    """Route every error the app can raise to the shared shape (a bug's 500 included)."""
+    app.add_exception_handler(Exception, _on_unexpected)
     app.add_exception_handler(ChunlianError, _on_chunlian_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)

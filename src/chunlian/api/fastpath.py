@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from chunlian.api.errors import chunlian_error_logged as on_chunlian_error
 from chunlian.api.errors import json_bytes
-from chunlian.api.routes import couplet_json, unless_disconnected
+from chunlian.api.routes import couplet_json, generate_for_client
 from chunlian.api.runtime import Runtime
 from chunlian.api.schemas import CoupletIn
 from chunlian.api.service import Answer
@@ -101,12 +101,12 @@ class PlainCoupletFastPath:
         # a miss: generate here too, exactly as the route does (same service call, same
         # disconnect watch, same error responses), without the framework's per-request work;
         # under overload most of these answers are 429s, and they must stay cheap
-        request = Request(scope, _replay(body, None, receive))
+        replayed = _replay(body, None, receive)
         try:
             arrival_s = scope.get("state", {}).get("arrival_s")
-            answer = await unless_disconnected(request, svc.generate(req, arrival_s=arrival_s))
+            answer = await generate_for_client(replayed, svc, req, arrival_s=arrival_s)
         except ChunlianError as e:
-            await on_chunlian_error(request, e)(scope, receive, send)
+            await on_chunlian_error(Request(scope, replayed), e)(scope, receive, send)
             return
         await _send_json(send, _couplet_body(answer, svc.model_tag))
 

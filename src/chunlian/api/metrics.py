@@ -125,6 +125,9 @@ class ServiceMetrics:
             "chunlian_cache_requests", "Cache lookups by store and result (hit, miss, error).",
             ["store", "result"], registry=r,
         )
+        # the labelled children by label values (as few as the label values: bounded)
+        self._request_series: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._cache_series: dict[tuple[str, str], Any] = {}
         self.batch_size = Histogram(
             "chunlian_engine_batch_size", "Sequences in the batch of each engine step.",
             buckets=BATCH_BUCKETS, registry=r,
@@ -155,12 +158,19 @@ class ServiceMetrics:
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         """Count one finished HTTP request."""
-        self.http_requests.labels(endpoint, str(status)).inc()
-        self.http_duration.labels(endpoint).observe(seconds)
+        series = self._request_series.get((endpoint, status))
+        if series is None:  # ``labels()`` checks and locks on every call: once per series
+            series = (self.http_requests.labels(endpoint, str(status)), self.http_duration.labels(endpoint))
+            self._request_series[(endpoint, status)] = series
+        series[0].inc()
+        series[1].observe(seconds)
 
     def on_cache_lookup(self, store: str, result: str) -> None:
         """Count one cache lookup (``result``: hit, miss or error)."""
-        self.cache_requests.labels(store, result).inc()
+        series = self._cache_series.get((store, result))
+        if series is None:
+            series = self._cache_series[(store, result)] = self.cache_requests.labels(store, result)
+        series.inc()
 
     def on_redis_state(self, up: bool) -> None:
         """Record Redis going down or coming back."""

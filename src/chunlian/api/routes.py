@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.responses import FileResponse, Response
+from starlette.types import Receive
 
 from chunlian.api.errors import (
     ClientGone,
@@ -41,7 +42,7 @@ from chunlian.api.schemas import (
     parse_item,
 )
 from chunlian.api.service import Answer, CoupletService
-from chunlian.errors import ChunlianError
+from chunlian.errors import Cancelled, ChunlianError
 from chunlian.types import Couplet, CoupletRequest
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
@@ -91,17 +92,34 @@ def couplet_json(answer: Answer, model_tag: str, n: int) -> dict[str, Any]:
     return out
 
 
-async def _client_gone(request: Request) -> None:
+async def _client_gone(receive: Receive) -> None:
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+async def generate_for_client(
+    receive: Receive, svc: CoupletService, req: CoupletRequest, *, regenerate: bool = False,
+    arrival_s: float | None = None,
+) -> Answer:
+    """``svc.generate`` while watching the client's connection (``receive``): if it closes
+    first, the generation is cancelled and ``ClientGone`` raised."""
+    watch = asyncio.ensure_future(_client_gone(receive))
+    try:
+        return await svc.generate(req, regenerate=regenerate, arrival_s=arrival_s, gone=watch)
+    except Cancelled:
+        if watch.done() and not watch.cancelled():
+            raise ClientGone("the client closed the connection") from None
+        raise
+    finally:
+        watch.cancel()
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work``, cancelling it (and raising ``ClientGone``) if the client leaves."""
     task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_client_gone(request))
+    watch = asyncio.ensure_future(_client_gone(request.receive))
     try:
         await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
@@ -123,7 +141,7 @@ async def _answer(request: Request, svc: CoupletService, req: CoupletRequest, re
         if hit is not None:
             return hit
     arrival_s = getattr(request.state, "arrival_s", None)
-    return await unless_disconnected(request, svc.generate(req, regenerate=regenerate, arrival_s=arrival_s))
+    return await generate_for_client(request.receive, svc, req, regenerate=regenerate, arrival_s=arrival_s)
 
 
 @router.post("/v1/couplets", response_model=CoupletOut, responses=_ERRORS, tags=["couplets"])

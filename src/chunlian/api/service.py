@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from chunlian.cache import ResultCache, cache_key
-from chunlian.errors import DeadlineExceeded
+from chunlian.errors import Cancelled, DeadlineExceeded
 from chunlian.types import CoupletRequest, CoupletResult
 
 
@@ -78,30 +78,36 @@ class CoupletService:
         return None if hit is None else Answer(hit, True)
 
     async def generate(
-        self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None
+        self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None,
+        gone: asyncio.Future[Any] | None = None,
     ) -> Answer:
         """Generate ``req`` and cache the result (``regenerate``: fresh seed, no write).
 
-        With ``arrival_s`` the deadline counts from then (module docstring)."""
-        deadline_s = None
-        if arrival_s is not None:
-            timeout_s = req.timeout_s if req.timeout_s is not None else self.default_timeout_s
-            deadline_s = arrival_s + timeout_s
-            left_s = deadline_s - time.perf_counter()
-            if left_s <= 0:
-                raise DeadlineExceeded(f"deadline of {timeout_s:.3f} s passed before generation began")
-            req = replace(req, timeout_s=left_s)
-        if deadline_s is None:
+        With ``arrival_s`` the deadline counts from then (module docstring). ``gone``: a
+        future that completes when the caller has left (its client closed the connection):
+        the generation is then cancelled, which frees its batch slot, and ``Cancelled`` is
+        raised. One task and one wait carry the deadline and the watch together: this runs
+        on the event loop for every cache miss."""
+        if arrival_s is None and gone is None:
             return Answer(await self._generate(req, regenerate), False)
-        work = asyncio.ensure_future(self._generate(req, regenerate))
+        timeout_s = req.timeout_s if req.timeout_s is not None else self.default_timeout_s
+        deadline_s = (arrival_s if arrival_s is not None else time.perf_counter()) + timeout_s
+        left_s = deadline_s - time.perf_counter()
+        if left_s <= 0:
+            raise DeadlineExceeded(f"deadline of {timeout_s:.3f} s passed before generation began")
+        work = asyncio.ensure_future(self._generate(replace(req, timeout_s=left_s), regenerate))
         try:
             # not wait_for: at the deadline the generation must go on (and be cached)
-            await asyncio.wait({work}, timeout=max(0.0, deadline_s - time.perf_counter()))
-        except asyncio.CancelledError:  # the caller is gone: so is its generation
+            await asyncio.wait((work,) if gone is None else (work, gone), timeout=left_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the caller's task is cancelled: so is its generation
             work.cancel()
             raise
         if not work.done():
             work.add_done_callback(_settle_orphan)
+            if gone is not None and gone.done():
+                work.cancel()
+                raise Cancelled("the caller went away")
             raise DeadlineExceeded("deadline passed during generation (its answer will be cached)")
         result = work.result()
         if time.perf_counter() > deadline_s:
@@ -117,14 +123,15 @@ class CoupletService:
         return result
 
     async def answer(
-        self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None
+        self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None,
+        gone: asyncio.Future[Any] | None = None,
     ) -> Answer:
         """The cached answer when there is one (unless ``regenerate``), else a new one."""
         if not regenerate:
             hit = await self.cached(req)
             if hit is not None:
                 return hit
-        return await self.generate(req, regenerate=regenerate, arrival_s=arrival_s)
+        return await self.generate(req, regenerate=regenerate, arrival_s=arrival_s, gone=gone)
 
 
 def _settle_orphan(work: asyncio.Future[CoupletResult]) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
 
-from chunlian.types import CoupletRequest, DecodeParams
+from chunlian.types import CoupletRequest, DecodeParams, RequestIdentity
 
 KEY_PREFIX = "chunlian:v1:"
 
@@ -24,11 +25,17 @@ def _decoding(params: DecodeParams) -> dict[str, object]:
 
 def cache_key(model_tag: str, req: CoupletRequest) -> str:
     """The cache key of ``req`` answered by the model ``model_tag``."""
+    return _key(model_tag, req.identity())
+
+
+@lru_cache(maxsize=4096)  # a miss asks twice (lookup, then store), a hot line very often
+def _key(model_tag: str, identity: RequestIdentity) -> str:
+    upper, heads, keyword, length, style, params = identity
     material = {
         "model": model_tag,
-        "upper": req.upper, "heads": req.heads, "keyword": req.keyword, "length": req.length,
-        "style": req.style,
-        "decoding": _decoding(req.params),
+        "upper": upper, "heads": heads, "keyword": keyword, "length": length,
+        "style": style,
+        "decoding": _decoding(params),
     }
     blob = json.dumps(material, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return KEY_PREFIX + hashlib.sha256(blob.encode("utf-8")).hexdigest()

@@ -38,7 +38,7 @@ from chunlian.errors import (
     Overloaded,
 )
 from chunlian.model.rerank import build_result
-from chunlian.types import CoupletRequest, CoupletResult
+from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
 
 RATE_WINDOW_S = 10  # drain and rejection rates are measured over this many seconds
 MAX_RETRY_AFTER_S = 60.0
@@ -94,7 +94,7 @@ class _Pending:
     request: CoupletRequest
     specs: list[SeqSpec]
     future: asyncio.Future[CoupletResult]
-    identity: str | None
+    identity: RequestIdentity | None
     waiters: int = 1
     outputs: list[SeqOutput] = field(default_factory=list)
 
@@ -123,7 +123,7 @@ class Engine:
         self._inbox: deque[tuple[str, Any]] = deque()
         self._pending: dict[int, _Pending] = {}  # req_id -> pending (engine-side registry)
         self._seq_owner: dict[int, int] = {}
-        self._inflight: dict[str, _Pending] = {}  # identity -> pending (event-loop side)
+        self._inflight: dict[RequestIdentity, _Pending] = {}  # identity -> pending (event-loop side)
         self._ids = itertools.count(1)
         self._seq_ids = itertools.count(1)
         self._done = RateWindow(RATE_WINDOW_S)  # completed requests (engine thread)
@@ -221,7 +221,7 @@ class Engine:
             self._cancel(pending)
             raise
 
-    def _submit(self, req: CoupletRequest, identity: str, timeout_s: float) -> _Pending:
+    def _submit(self, req: CoupletRequest, identity: RequestIdentity, timeout_s: float) -> _Pending:
         assert self._loop is not None
         req_id = next(self._ids)
         specs = expand(req, next(self._seq_ids))
@@ -249,7 +249,7 @@ class Engine:
         fut.add_done_callback(lambda _f: self._forget(identity, pending))
         return pending
 
-    def _forget(self, identity: str, pending: _Pending) -> None:
+    def _forget(self, identity: RequestIdentity, pending: _Pending) -> None:
         if self._inflight.get(identity) is pending:
             del self._inflight[identity]
 
