@@ -106,7 +106,8 @@ class FakeEngine:
 
 
 def unit_settings(**overrides: object) -> Settings:
-    base: dict[str, object] = {"warmup": "", "instance_id": "unit-1", "body_limit_bytes": 4096}
+    # gc_freeze off: a test process builds many apps, and frozen garbage is never collected
+    base: dict[str, object] = {"warmup": "", "instance_id": "unit-1", "body_limit_bytes": 4096, "gc_freeze": False}
     base.update(overrides)
     return load_settings(**base)
 

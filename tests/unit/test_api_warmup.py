@@ -56,3 +56,18 @@ async def test_warmup_remote_fills_the_cache_of_a_running_service() -> None:
 async def test_warmup_remote_reports_an_unreachable_service() -> None:
     report = await warmup_remote("http://127.0.0.1:9", ["新春"], timeout_s=2.0)
     assert report.ok == 0 and report.failed == 2 and report.errors
+
+
+async def test_start_up_heap_is_frozen_once_ready_when_asked() -> None:
+    import gc
+
+    gc.unfreeze()
+    try:
+        async with running_app(gc_freeze=True) as h:
+            assert h.runtime.ready
+            assert gc.get_freeze_count() > 1000  # the framework and the app, at least
+        gc.unfreeze()
+        async with running_app(gc_freeze=False):
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
