@@ -30,8 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 HERE = Path(__file__).resolve()
 
 
@@ -102,6 +100,7 @@ def _free_port() -> int:
 def measure(src: Path | None, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """Start a sleeping-runner server from ``src`` (None: the installed package), run a
     miss load then a hit load, and return the main thread's CPU per request of each."""
+    from chunlian.bench.common import wait_until_ok
     from chunlian.bench.loadgen import run_load
     from chunlian.bench.plan import RequestPlan, load_lines
 
@@ -110,21 +109,10 @@ def measure(src: Path | None, args: argparse.Namespace, seed: int) -> dict[str, 
     if src is not None:
         env["PYTHONPATH"] = f"{src}{os.pathsep}{env.get('PYTHONPATH', '')}"
     proc = subprocess.Popen([sys.executable, str(HERE), "--serve", str(port), "--step-ms", str(args.step_ms)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server not ready in 60 s")
-            time.sleep(0.2)
+        wait_until_ok(proc, url, "/readyz", 60.0, "the sleeping-runner server")
         lines = load_lines(Path(args.data) if args.data else None)
         out: dict[str, Any] = {}
         for phase, unique in (("misses", 1.0), ("hits", 0.0)):

@@ -30,7 +30,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from chunlian.bench.common import wait_until_ok
 from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
 from chunlian.bench.sweep import free_port, run_server
@@ -51,19 +51,7 @@ def bare_server(ready_limit_s: float = 60.0) -> Iterator[tuple[str, int]]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_limit_s
-        with httpx.Client(base_url=url, timeout=2.0) as c:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the bare app exited with {proc.returncode}")
-                try:
-                    if c.get("/healthz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the bare app did not start")
-                time.sleep(0.1)
+        wait_until_ok(proc, url, "/healthz", ready_limit_s, "the bare app")
         yield url, proc.pid
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -20,15 +20,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from chunlian.bench.common import wait_until_ok
 from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
 
@@ -87,19 +85,8 @@ def run_server(settings: Mapping[str, object], ready_limit_s: float = 180.0) -> 
                                 stdout=log, stderr=subprocess.STDOUT)
     srv = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
     try:
-        deadline = time.monotonic() + ready_limit_s
-        with httpx.Client(base_url=srv.url, timeout=5.0) as c:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"the service exited with {proc.returncode}:\n{srv.log_tail()}")
-                try:
-                    if c.get("/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the service was not ready in {ready_limit_s:.0f} s:\n{srv.log_tail()}")
-                time.sleep(0.2)
+        wait_until_ok(proc, srv.url, "/readyz", ready_limit_s, "the service",
+                      lambda: f":\n{srv.log_tail()}")
         yield srv
     finally:
         if proc.poll() is None:
