@@ -123,15 +123,14 @@ class CoupletService:
         return result
 
     async def answer(
-        self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None,
-        gone: asyncio.Future[Any] | None = None,
+        self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None
     ) -> Answer:
         """The cached answer when there is one (unless ``regenerate``), else a new one."""
         if not regenerate:
             hit = await self.cached(req)
             if hit is not None:
                 return hit
-        return await self.generate(req, regenerate=regenerate, arrival_s=arrival_s, gone=gone)
+        return await self.generate(req, regenerate=regenerate, arrival_s=arrival_s)
 
 
 def _settle_orphan(work: asyncio.Future[CoupletResult]) -> None:
