@@ -38,14 +38,14 @@ def build_result(
 ) -> CoupletResult:
     if not outputs:
         raise ValueError("a request finished without output")
+    # each score once (this runs on the engine thread for every answer), best first
     scored = sorted(
-        outputs,
-        key=lambda o: (-(o.logprob_mean + RULE_WEIGHT * opposition_rate(o.upper, o.lower)), o.seq_id),
+        ((o.logprob_mean + RULE_WEIGHT * opposition_rate(o.upper, o.lower), o) for o in outputs),
+        key=lambda so: (-so[0], so[1].seq_id),
     )
     couplets = []
-    for o in scored:
+    for score, o in scored:
         hp = hengpi.choose(o.upper, o.lower, req.style, req.params.seed) if hengpi else ""
-        score = o.logprob_mean + RULE_WEIGHT * opposition_rate(o.upper, o.lower)
         couplets.append(Couplet(o.upper, o.lower, hp, req.style, round(score, 4)))
     return CoupletResult(
         best=couplets[0], candidates=tuple(couplets) if req.params.n > 1 else (), model=model_tag
