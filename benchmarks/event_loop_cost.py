@@ -79,32 +79,19 @@ def serve(port: int, step_s: float) -> None:
 
 
 # ---- the measuring side ----------------------------------------------------------------------
-def _thread_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def _steal_s() -> float:
-    cpu = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    return int(cpu[8]) / os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure(src: Path | None, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """Start a sleeping-runner server from ``src`` (None: the installed package), run a
     miss load then a hit load, and return the main thread's CPU per request of each."""
     from chunlian.bench.common import wait_until_ok
     from chunlian.bench.loadgen import run_load
     from chunlian.bench.plan import RequestPlan, load_lines
+    from chunlian.bench.proccpu import host_steal_seconds, thread_cpu_seconds
+    from chunlian.bench.sweep import free_port
 
-    port = _free_port()
+    def loop_cpu_s() -> float:
+        return thread_cpu_seconds(proc.pid, proc.pid) or 0.0
+
+    port = free_port()
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = f"{src}{os.pathsep}{env.get('PYTHONPATH', '')}"
@@ -119,14 +106,14 @@ def measure(src: Path | None, args: argparse.Namespace, seed: int) -> dict[str, 
             plan = RequestPlan(lines, unique_ratio=unique, seed=seed)
             if phase == "hits":  # fill the hot set first: the measured window is all hits
                 run_load(url, concurrency=args.concurrency, duration_s=1.0, plan=plan)
-            cpu0, steal0 = _thread_cpu_s(proc.pid), _steal_s()
+            cpu0, steal0 = loop_cpu_s(), host_steal_seconds() or 0.0
             res = run_load(url, concurrency=args.concurrency, duration_s=args.duration, plan=plan).report()
-            cpu = _thread_cpu_s(proc.pid) - cpu0
+            cpu = loop_cpu_s() - cpu0
             n = max(1, int(res["requests"]))
             out[phase] = {"requests": res["requests"], "requests_per_s": res["requests_per_s"],
                           "loop_cpu_ms_per_request": round(1000 * cpu / n, 3),
                           "errors": res.get("errors", {}),
-                          "steal_cores": round((_steal_s() - steal0) / args.duration, 2)}
+                          "steal_cores": round(((host_steal_seconds() or 0.0) - steal0) / args.duration, 2)}
         return out
     finally:
         proc.terminate()

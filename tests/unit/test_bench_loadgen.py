@@ -160,6 +160,19 @@ def test_proc_cpu_seconds() -> None:
     assert host is not None and host >= v
 
 
+def test_thread_cpu_seconds_and_steal() -> None:
+    from chunlian.bench.proccpu import host_steal_seconds, thread_cpu_seconds
+
+    pid = os.getpid()
+    before = thread_cpu_seconds(pid, pid)
+    sum(i * i for i in range(2_000_000))  # main-thread work, a few tens of ms
+    after = thread_cpu_seconds(pid, pid)
+    assert before is not None and after is not None and after > before
+    assert thread_cpu_seconds(pid, 2**22 + 12345) is None
+    steal = host_steal_seconds()
+    assert steal is not None and steal >= 0
+
+
 # ---- reports ----------------------------------------------------------------------------------
 
 

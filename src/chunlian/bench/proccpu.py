@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def _stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(path).read_text()
     except OSError:
         return None
     return stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 onwards
@@ -42,11 +43,30 @@ def proc_cpu_seconds(pid: int) -> float | None:
     return total
 
 
-def host_cpu_seconds() -> float | None:
-    """CPU seconds the whole host has been busy (all CPUs, /proc/stat); None elsewhere."""
+def thread_cpu_seconds(pid: int, tid: int) -> float | None:
+    """User + system CPU seconds of one thread (``tid == pid``: the main thread)."""
+    f = _stat_fields(pid, tid)
+    return None if f is None else (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _host_ticks() -> list[int] | None:
     try:
         first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
     except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in first[1:9])
+    return [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
+
+
+def host_cpu_seconds() -> float | None:
+    """CPU seconds the whole host has been busy (all CPUs, /proc/stat); None elsewhere."""
+    t = _host_ticks()
+    if t is None:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = t
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def host_steal_seconds() -> float | None:
+    """CPU seconds the hypervisor gave to others while this host's CPUs wanted to run."""
+    t = _host_ticks()
+    return None if t is None else t[7] / os.sysconf("SC_CLK_TCK")
