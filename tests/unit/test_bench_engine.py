@@ -3,7 +3,10 @@ report holds the keys the issue asks for."""
 
 from __future__ import annotations
 
-from chunlian.bench.engine import run
+import pytest
+
+from chunlian.bench.engine import http_requests, run
+from chunlian.bench.plan import RequestPlan, load_lines
 
 ASKED = ("sequential_seq_per_s", "static_seq_per_s", "continuous_seq_per_s",
          "ratio_continuous_vs_sequential", "ratio_continuous_vs_static", "p50_ms", "p99_ms",
@@ -35,3 +38,23 @@ def test_the_mix_is_distinct_at_any_size() -> None:
         mix = mixed_lines(n)
         assert len(mix) == n and len(set(mix)) == n
         assert all(1 <= len(u) <= 32 for u in mix)
+
+
+def test_http_requests_mirror_the_load_testers_bodies_and_seeded_share() -> None:
+    """The offline peak's requests are the load tester's fresh bodies (same lines, styles,
+    seeds), with the asked share of seeded (sampled) ones spread through the list."""
+    plan = RequestPlan(load_lines(), unique_ratio=1.0)
+    bodies = [plan.next_body() for _ in range(plan.greedy_pool + 400)]
+    greedy = [(b["upper"], b["style"]) for b in bodies if "seed" not in b]
+    seeded = {(b["upper"], b["style"], b["seed"]) for b in bodies if "seed" in b}
+    assert [(r.upper, r.style) for r in http_requests(300)] == greedy[:300]
+    mix = http_requests(400, seeded_share=0.25)
+    sampled = [r for r in mix if not r.params.greedy]
+    assert len(mix) == 400 and len(sampled) == 100
+    assert {(r.upper, r.style, r.params.seed) for r in sampled} <= seeded
+    assert [(r.upper, r.style) for r in mix if r.params.greedy] == greedy[:300]
+    # spread evenly: every quarter of the list holds a quarter of the sampled ones
+    for q in range(4):
+        assert sum(not r.params.greedy for r in mix[q * 100:(q + 1) * 100]) == 25
+    with pytest.raises(ValueError, match="seeded_share"):
+        http_requests(10, seeded_share=1.5)

@@ -29,7 +29,7 @@ from chunlian.data.samples import sample_uppers
 from chunlian.engine.engine import Engine
 from chunlian.engine.runner import ModelRunner
 from chunlian.model.checkpoint import LoadedModel, load_weights
-from chunlian.types import CoupletRequest
+from chunlian.types import CoupletRequest, DecodeParams
 
 
 def mixed_lines(requests: int) -> list[str]:
@@ -181,17 +181,43 @@ def run(
     return report
 
 
-def http_requests(count: int) -> list[CoupletRequest]:
-    """The first ``count`` fresh requests ``chunlian bench http`` sends (same lines, styles)."""
+def http_requests(count: int, seeded_share: float = 0.0) -> list[CoupletRequest]:
+    """``count`` fresh requests of ``chunlian bench http``'s plan (same lines, styles, seeds):
+    its greedy ones first in the plan's order, and a ``seeded_share`` of seeded (sampled)
+    ones spread evenly among them. A long run of the load tester sends seeded requests once
+    its greedy ones are used up (``RequestPlan.unique_body``), and a sampled row costs a step
+    more than a greedy one, so the offline peak it is compared with gets the same mix."""
     from chunlian.bench.plan import RequestPlan, load_lines
 
+    if not 0.0 <= seeded_share <= 1.0:
+        raise ValueError(f"seeded_share must be within 0..1, got {seeded_share}")
     plan = RequestPlan(load_lines(), unique_ratio=1.0)
-    bodies = [plan.next_body() for _ in range(count)]
-    return [CoupletRequest(upper=b["upper"], style=b["style"]) for b in bodies if "seed" not in b]
+    want_seeded = round(count * seeded_share)
+    greedy: list[CoupletRequest] = []
+    seeded: list[CoupletRequest] = []
+    while len(greedy) < count - want_seeded or len(seeded) < want_seeded:
+        b = plan.next_body()
+        if "seed" not in b:
+            greedy.append(CoupletRequest(upper=b["upper"], style=b["style"]))
+        elif len(seeded) < want_seeded:
+            seeded.append(CoupletRequest(upper=b["upper"], style=b["style"],
+                                         params=DecodeParams(seed=b["seed"])))
+        elif plan.sent_unique > plan.greedy_pool:  # every greedy request has been drawn
+            break
+    out: list[CoupletRequest] = []
+    g = s = 0
+    for i in range(count):  # spread evenly: of the first i + 1, round((i + 1) * share) are seeded
+        if s < len(seeded) and round((i + 1) * seeded_share) > s:
+            out.append(seeded[s])
+            s += 1
+        elif g < len(greedy):
+            out.append(greedy[g])
+            g += 1
+    return out
 
 
 def peak(model_path: str | None, max_batch_size: int, requests: int, threads: int,
-         workload: str = "mixed", matmul: str | None = None) -> dict[str, Any]:
+         workload: str = "mixed", matmul: str | None = None, seeded_share: float = 0.0) -> dict[str, Any]:
     """Continuous batching only, all ``requests`` submitted at once (the engine's peak), on
     the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``); ``matmul``
     None: the service's setting (``CHUNLIAN_MATMUL``), as the server it is compared with."""
@@ -201,10 +227,12 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
     single_threaded_here()  # the engine thread gets ``threads`` (ModelRunner.bind_thread)
     loaded = load_weights(Path(model_path) if model_path else None, "cpu", matmul or load_settings().matmul)
     hengpi = HengpiSelector.from_loaded(loaded)
-    mix: list[str] | list[CoupletRequest] = http_requests(requests) if workload == "http" else mixed_lines(requests)
+    mix: list[str] | list[CoupletRequest] = (
+        http_requests(requests, seeded_share) if workload == "http" else mixed_lines(requests))
     warm = min(16, max_batch_size)
     asyncio.run(_drive(loaded, mix[:16], warm, "continuous", hengpi, threads))  # warm-up
     r = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi, threads))
     return {"seq_per_s": round(r["seq_per_s"], 1), "p50_ms": round(r["p50_ms"], 1),
             "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix),
-            "workload": workload, "matmul": loaded.matmul}
+            "workload": workload, "matmul": loaded.matmul,
+            "seeded_share": round(sum(not isinstance(m, str) and not m.params.greedy for m in mix) / len(mix), 3)}
