@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunlian.bench.engine import http_requests, run
+from chunlian.bench.engine import http_requests, run, steady_rate
 from chunlian.bench.plan import RequestPlan, load_lines
 
 ASKED = ("sequential_seq_per_s", "static_seq_per_s", "continuous_seq_per_s",
@@ -58,3 +58,12 @@ def test_http_requests_mirror_the_load_testers_bodies_and_seeded_share() -> None
         assert sum(not r.params.greedy for r in mix[q * 100:(q + 1) * 100]) == 25
     with pytest.raises(ValueError, match="seeded_share"):
         http_requests(10, seeded_share=1.5)
+
+
+def test_steady_rate_leaves_out_the_filling_and_the_draining_batch() -> None:
+    # 100 requests at once: the first 10 done late (a full batch's prompts first), 10 to 90
+    # at 10 a second, the last 10 slowly (a draining batch)
+    done = [1.0] * 10 + [1.0 + (i + 1) / 10 for i in range(80)] + [20.0 + i for i in range(10)]
+    assert abs(steady_rate(done) - 10.0) < 0.2
+    assert 100 / max(done) < 5  # the whole-run rate would say less than half of it
+    assert steady_rate([]) == 0.0 and steady_rate([1.0, 1.0, 1.0]) == 0.0

@@ -63,6 +63,18 @@ def _mean_chars(lines: list[str]) -> float:
     return round(sum(map(len, lines)) / max(1, len(lines)), 2)
 
 
+def steady_rate(latencies_s: list[float], lo: float = 0.1, hi: float = 0.9) -> float:
+    """Completions per second between the ``lo`` and ``hi`` shares of requests done, for
+    requests all submitted at one instant (a latency is then a completion time). All at once,
+    the first answers wait for a full batch's prompts and the last ones run in a draining
+    batch; the middle of the run is the engine at its steady peak (0 when too few)."""
+    done = sorted(latencies_s)
+    a, b = int(lo * len(done)), int(hi * len(done)) - 1
+    if b <= a or done[b] <= done[a]:
+        return 0.0
+    return (b - a) / (done[b] - done[a])
+
+
 async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], batch: int, mode: str,
                  hengpi: Any, threads: int = 0) -> dict[str, float]:
     batching = "static" if mode == "static_retire" else mode
@@ -87,6 +99,7 @@ async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], 
     steps = engine.stats.steps_total
     return {
         "seq_per_s": len(uppers) / wall,
+        "steady_seq_per_s": steady_rate(lat),
         "p50_ms": percentile(lat, 50) * 1000,
         "p99_ms": percentile(lat, 99) * 1000,
         "wall_s": wall,
@@ -220,7 +233,9 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
          workload: str = "mixed", matmul: str | None = None, seeded_share: float = 0.0) -> dict[str, Any]:
     """Continuous batching only, all ``requests`` submitted at once (the engine's peak), on
     the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``); ``matmul``
-    None: the service's setting (``CHUNLIAN_MATMUL``), as the server it is compared with."""
+    None: the service's setting (``CHUNLIAN_MATMUL``), as the server it is compared with.
+    ``seq_per_s`` over the whole run; ``steady_seq_per_s`` between 10% and 90% done
+    (``steady_rate``: without the filling and the draining batch)."""
     from chunlian.engine.runner import single_threaded_here
     from chunlian.model.hengpi import HengpiSelector
 
@@ -232,7 +247,8 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
     warm = min(16, max_batch_size)
     asyncio.run(_drive(loaded, mix[:16], warm, "continuous", hengpi, threads))  # warm-up
     r = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi, threads))
-    return {"seq_per_s": round(r["seq_per_s"], 1), "p50_ms": round(r["p50_ms"], 1),
+    return {"seq_per_s": round(r["seq_per_s"], 1), "steady_seq_per_s": round(r["steady_seq_per_s"], 1),
+            "p50_ms": round(r["p50_ms"], 1),
             "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix),
             "workload": workload, "matmul": loaded.matmul,
             "seeded_share": round(sum(not isinstance(m, str) and not m.params.greedy for m in mix) / len(mix), 3)}
