@@ -99,6 +99,12 @@ class Settings(BaseSettings):
             raise ValueError(f"expected a redis:// or rediss:// URL, got {v!r}")
         return v
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, v: object) -> object:
+        # ``--log-level warning`` is what uvicorn and most tools accept: the case is no error
+        return v.strip().upper() if isinstance(v, str) else v
+
     @field_validator("warmup", mode="before")
     @classmethod
     def _split_warmup(cls, v: object) -> object:
