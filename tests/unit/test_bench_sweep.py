@@ -100,7 +100,10 @@ def test_run_sweep_starts_one_cache_off_server_per_point(monkeypatch: pytest.Mon
     monkeypatch.setattr(sweep, "run_load", fake_load)
     rows = sweep.run_sweep((1, 8), (0.0, 20.0), concurrency=4, duration_s=1.0, warmup_s=0.5,
                            extra_settings={"torch_threads": 2}, progress=False)
-    assert [(s["max_batch_size"], s["max_wait_ms"]) for s in started] == [(1, 0.0), (8, 0.0), (1, 20.0), (8, 20.0)]
+    # batch-size major, the waits reversed at every other batch size (drift must not look
+    # like a wait effect); the rows come back ordered by wait, then batch size
+    assert [(s["max_batch_size"], s["max_wait_ms"]) for s in started] == [(1, 0.0), (1, 20.0), (8, 20.0), (8, 0.0)]
+    assert [(r["max_batch_size"], r["max_wait_ms"]) for r in rows] == [(1, 0.0), (8, 0.0), (1, 20.0), (8, 20.0)]
     assert all(s["cache_size"] == 0 and s["torch_threads"] == 2 for s in started)
     assert [r["requests_per_s"] for r in rows] == [1.0, 8.0, 1.0, 8.0]
 
