@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -22,6 +22,10 @@ DEFAULT_WARMUP = (
     "新春", "平安", "发财", "福", "吉祥", "如意",
     "春回大地千山秀", "一帆风顺年年好", "天增岁月人增寿", "爆竹声声辞旧岁", "生意兴隆通四海",
 )
+
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 
 class Settings(BaseSettings):
@@ -89,7 +93,7 @@ class Settings(BaseSettings):
     api_keys: str = ""  # comma-separated; empty: job endpoints are open
 
     body_limit_bytes: int = Field(1_000_000, ge=1024)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: LogLevel = "INFO"
     warmup: Annotated[tuple[str, ...], NoDecode] = DEFAULT_WARMUP  # comma-separated in env
     instance_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
@@ -106,7 +110,12 @@ class Settings(BaseSettings):
     @classmethod
     def _upper_log_level(cls, v: object) -> object:
         # ``--log-level warning`` is what uvicorn and most tools accept: the case is no error
-        return v.strip().upper() if isinstance(v, str) else v
+        if not isinstance(v, str):
+            return v
+        level = v.strip().upper()
+        if level not in LOG_LEVELS:  # said here, so that the message shows what was typed
+            raise ValueError(f"expected one of {', '.join(LOG_LEVELS)} (any case)")
+        return level
 
     @field_validator("warmup", mode="before")
     @classmethod

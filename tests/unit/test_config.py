@@ -20,4 +20,4 @@ def test_unknown_log_level_names_the_setting_and_the_value() -> None:
     with pytest.raises(ConfigError) as e:
         load_settings(log_level="loud")
     msg = str(e.value)
-    assert "CHUNLIAN_LOG_LEVEL" in msg and "'LOUD'" in msg and "WARNING" in msg
+    assert "CHUNLIAN_LOG_LEVEL" in msg and "'loud'" in msg and "WARNING" in msg
