@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
     max_queue_size: int = Field(1024, ge=1, le=1_000_000)
     default_timeout_ms: int = Field(10_000, ge=10, le=600_000)
+    # identical requests in flight share one generation (their answers would be the same);
+    # false only for a baseline without it (``chunlian bench compare``'s "before")
+    coalesce: bool = True
     bulk_min_share: float = Field(0.125, ge=0.0, le=1.0)  # slots bulk gets even under interactive load
     # while a batch runs, newcomers are admitted once this many can join together (or all
     # that wait): a prefill costs a whole forward pass, so one per step would halve decoding.

@@ -134,6 +134,23 @@ async def test_coalescing_identical_requests(engine: tuple[Engine, FakeRunner]) 
     assert len(runner.prefilled) == 1
 
 
+async def test_without_coalescing_identical_requests_each_generate() -> None:
+    eng, runner = make(coalesce=False)
+    await eng.start()
+    try:
+        runner.gate = threading.Event()
+        r = CoupletRequest(upper="春回大地")
+        tasks = [asyncio.create_task(eng.generate(r)) for _ in range(3)]
+        await until(lambda: eng.scheduler.queue_depth + eng.scheduler.live_seqs == 3)
+        runner.gate.set()
+        results = await asyncio.gather(*tasks)
+        assert len({id(x) for x in results}) == 3 and eng.stats.coalesced == 0
+        assert len(runner.prefilled) == 3 and eng.stats.completed == 3
+    finally:
+        runner.gate.set()
+        await eng.stop()
+
+
 async def test_one_cancelled_waiter_does_not_cancel_a_coalesced_request(
     engine: tuple[Engine, FakeRunner],
 ) -> None:

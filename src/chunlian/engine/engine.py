@@ -204,7 +204,7 @@ class Engine:
             raise InvalidInput(f"n must be at most {self.settings.max_batch_size}", "n")
         timeout_s = req.timeout_s if req.timeout_s is not None else self.settings.default_timeout_ms / 1000
         identity = req.identity()
-        pending = self._inflight.get(identity)
+        pending = self._inflight.get(identity) if self.settings.coalesce else None
         if pending is not None and not pending.future.done():
             pending.waiters += 1
             self.stats.coalesced += 1
