@@ -4,8 +4,13 @@
   result cache (``CHUNLIAN_CACHE_SIZE=0``) and no coalescing of identical requests in
   flight (``CHUNLIAN_COALESCE=false``): with it, the mixed load's hot repeats shared the
   generation already running (139-147 of ~500 baseline requests at c=128), so the
-  baseline had a cache of its own and the repeats lifted both sides alike;
+  baseline had a cache of its own and the repeats lifted both sides alike; and a 60 s
+  deadline, so that a slow host's batch-1 queue shows as latency, not as 504s;
 * after (chunlian): the service's defaults (continuous batching, in-process cache).
+
+The load is a closed loop of ``concurrency`` clients, 128 by default: the default
+``max_batch_size``, so that the defaults can fill their batch (at 64, only 64 of its 128 rows
+could ever be busy; ninth session: misses 10.26x at 64, 12.2-14.2x at 128).
 
 Each side is started afresh (``sweep.run_server``) for each of two loads, the same
 requests in the same order on both sides: *mixed*, where ``repeat_ratio`` of the requests
@@ -26,7 +31,8 @@ from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
 from chunlian.bench.sweep import run_server
 
-BASELINE: dict[str, object] = {"max_batch_size": 1, "max_wait_ms": 0, "cache_size": 0, "coalesce": False}
+BASELINE: dict[str, object] = {"max_batch_size": 1, "max_wait_ms": 0, "cache_size": 0, "coalesce": False,
+                               "default_timeout_ms": 60_000}
 CHUNLIAN: dict[str, object] = {}  # the defaults
 
 RunFn = Callable[[Mapping[str, object], float], dict[str, Any]]
@@ -101,7 +107,7 @@ def text_table(table: list[dict[str, Any]]) -> str:
 
 def run_compare(
     *,
-    concurrency: int = 64,
+    concurrency: int = 128,  # fills the default max_batch_size: at 64, half of it idles
     duration_s: float = 15.0,
     warmup_s: float = 2.0,
     repeat_ratio: float = 0.3,

@@ -207,7 +207,7 @@ def register(bsub: Any) -> None:
     s.set_defaults(fn=cmd_sweep)
 
     c = bsub.add_parser("compare", help="before (batch 1, no cache) vs after (defaults), in one run")
-    _common(c, concurrency=64, duration=15.0, warmup=2.0)
+    _common(c, concurrency=128, duration=15.0, warmup=2.0)  # the default max_batch_size's worth
     _server_flags(c)
     c.add_argument("--repeat-ratio", type=_ratio, default=0.3,
                    help="share of requests repeating the hot set in the mixed load (default 0.3)")
