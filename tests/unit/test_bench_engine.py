@@ -64,6 +64,5 @@ def test_steady_rate_leaves_out_the_filling_and_the_draining_batch() -> None:
     # 100 requests at once: the first 10 done late (a full batch's prompts first), 10 to 90
     # at 10 a second, the last 10 slowly (a draining batch)
     done = [1.0] * 10 + [1.0 + (i + 1) / 10 for i in range(80)] + [20.0 + i for i in range(10)]
-    assert abs(steady_rate(done) - 10.0) < 0.2
-    assert 100 / max(done) < 5  # the whole-run rate would say less than half of it
+    assert abs(steady_rate(done) - 10.0) < 0.2  # the whole-run rate, 100 / 29, says 3.4
     assert steady_rate([]) == 0.0 and steady_rate([1.0, 1.0, 1.0]) == 0.0

@@ -10,7 +10,7 @@
 
 The load is a closed loop of ``concurrency`` clients, 128 by default: the default
 ``max_batch_size``, so that the defaults can fill their batch (at 64, only 64 of its 128 rows
-could ever be busy; ninth session: misses 10.26x at 64, 12.2-14.2x at 128).
+could ever be busy; ninth session: misses 8.75-10.67x at 64, 12.0-14.3x in eight runs at 128).
 
 Each side is started afresh (``sweep.run_server``) for each of two loads, the same
 requests in the same order on both sides: *mixed*, where ``repeat_ratio`` of the requests

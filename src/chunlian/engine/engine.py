@@ -245,8 +245,9 @@ class Engine:
                 self._seq_owner[s.seq_id] = req_id
             self.stats.queue_depth = self.scheduler.queue_depth
             self._cv.notify()
-        self._inflight[identity] = pending
-        fut.add_done_callback(lambda _f: self._forget(identity, pending))
+        if self.settings.coalesce:  # else nothing ever looks it up
+            self._inflight[identity] = pending
+            fut.add_done_callback(lambda _f: self._forget(identity, pending))
         return pending
 
     def _forget(self, identity: RequestIdentity, pending: _Pending) -> None:
