@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from chunlian.errors import ConfigError
+from chunlian.omp import SpinPolicy
 from chunlian.types import Matmul
 
 DEFAULT_WARMUP = (
@@ -74,6 +75,13 @@ class Settings(BaseSettings):
     # so answers, 429s and deadlines stay on time under overload; when it idles, the engine
     # still gets every cycle. 0 = same priority.
     engine_nice: int = Field(5, ge=0, le=19)
+    # how long idle OpenMP threads spin before sleeping (chunlian.omp): "full" is libgomp's
+    # own (best alone on the cores: +9-10% misses at c=64 on the tenth session's host),
+    # "bounded" 10,000 rounds (when model-running processes share the cores: a worker with
+    # its own model, several instances); "auto": full for `chunlian serve`, bounded for
+    # `chunlian worker` and for the instances `chunlian cluster` starts. GOMP_SPINCOUNT,
+    # when set, wins.
+    omp_spin: SpinPolicy = "auto"
     # once warm, move every object the start-up made (torch, the model, the framework: some
     # 400,000) out of the cyclic garbage collector's reach (gc.freeze): a full collection
     # then walks only what serving allocates instead of stopping the whole process (both

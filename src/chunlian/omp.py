@@ -1,25 +1,46 @@
-"""OpenMP wait policy for processes that share their cores (the service, the job worker).
+"""OpenMP wait policy: how long torch's idle OpenMP threads spin before they sleep.
 
-libgomp's idle threads spin before they sleep: 300,000 rounds by default, several
-milliseconds on these CPUs. That is ideal for one process alone and ruinous for two: a
-worker's spinning threads took the cores the service's engine needed (interactive p99 14.9x
-its alone value with a job worker beside it, and 2.2 bulk items/s). A short spin (10,000
-rounds) still bridges most gaps between the ops of one forward pass and sleeps soon after:
-p99 3.2-4.2x, 23.6 bulk items/s (30,000 rounds: 8.8x). The price, for a service alone on
-its machine: about 6% of miss throughput (three interleaved rounds at c=64: 145 against
-155 req/s). Measured with ``benchmarks/jobs_bench.py --colocated``; ``docs/benchmarks.md``.
+libgomp's idle threads spin 300,000 rounds by default, several milliseconds on these
+CPUs. That is best for one process alone on its cores and ruinous for two model-running
+processes sharing them: a job worker's spinning threads took the cores the service's engine
+needed (interactive p99 14.9x its alone value with a worker beside it, and 2.2 bulk
+items/s). A bounded spin (10,000 rounds) still bridges most gaps between the ops of one
+forward pass and sleeps soon after: p99 3.2-4.2x, 23.6 bulk items/s (30,000 rounds: 8.8x).
+Measured with ``benchmarks/jobs_bench.py --colocated``; ``docs/benchmarks.md``.
+
+The price of the bounded spin for a service alone on its machine: 6% of miss throughput
+on the third session's AMD host (145 against 155 req/s), 9-10% on the tenth session's
+Intel host (363 / 384 against 401 / 418 req/s at c=64, alternating). So each process
+picks (``Settings.omp_spin``, ``auto`` by default):
+
+* ``chunlian serve``: libgomp's own spin (a service alone on its cores, the deployment
+  ``docs/deploy.md`` recommends);
+* ``chunlian worker`` and the instances ``chunlian cluster`` starts on one machine: bounded
+  (they share the cores with other model-running processes).
+
+A ``GOMP_SPINCOUNT`` already in the environment is always left as it is.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Literal
 
 SPIN_COUNT = 10_000
 
+SpinPolicy = Literal["auto", "full", "bounded"]
+
+
+def set_spin_wait(policy: SpinPolicy, shared: bool) -> bool:
+    """Apply ``policy`` (``auto``: bounded when ``shared``, i.e. when this process shares its
+    cores with other model-running processes) to the OpenMP runtime torch will load. Returns
+    False when torch is already imported: the runtime read its environment then."""
+    if policy == "bounded" or (policy == "auto" and shared):
+        os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
+    return "torch" not in sys.modules
+
 
 def bound_spin_wait() -> bool:
-    """Set ``GOMP_SPINCOUNT`` (unless set) for the OpenMP runtime torch will load. Returns
-    False when torch is already imported: the runtime read its environment then."""
-    os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
-    return "torch" not in sys.modules
+    """``set_spin_wait("bounded", True)``: for processes that always share their cores."""
+    return set_spin_wait("bounded", True)

@@ -112,6 +112,12 @@ def _marked(marker: str) -> list[int]:
     return out
 
 
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process was started with."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(kv.decode(errors="replace").split("=", 1) for kv in raw if b"=" in kv)
+
+
 def _ours(marker: str, prefix: Path) -> list[int]:
     """Every live process of one launch: the marked ones (python processes keep their
     environment; nginx rewrites its own for its process title), nginx's master (its title
@@ -356,6 +362,12 @@ def test_generated_through_one_is_a_hit_through_the_other(cluster: Launched) -> 
 def test_a_job_submitted_through_nginx_is_run_by_the_worker_and_seen_by_every_instance(
         cluster: Launched) -> None:
     assert len(cluster.info["workers"]) == 1 and cluster.info["broker_url"] == REDIS_URL
+    # beside instances, the worker loads no model: its items go through nginx to their engines
+    worker = cluster.info["workers"][0]
+    assert worker["engine_url"] == cluster.url
+    assert _environ(worker["pid"]).get("CHUNLIAN_WORKER_ENGINE_URL") == cluster.url
+    for inst in cluster.info["instances"]:  # two model processes share the cores
+        assert _environ(inst["pid"]).get("CHUNLIAN_OMP_SPIN") == "bounded"
     items = [{"upper": u, "seed": random.randrange(10**9)} for u in UPPERS[:3]]
     with httpx.Client(base_url=cluster.url, timeout=30) as c:
         r = c.post("/v1/jobs", json={"items": items})

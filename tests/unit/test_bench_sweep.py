@@ -134,6 +134,13 @@ def test_compare_table_ratios() -> None:
     md = compare.markdown_table(list(table.values()))
     assert "| requests/s, mixed load | 20.0 | 400.0 | 20× |" in md
     assert "15x" in compare.text_table(list(table.values()))
+    # a ratio just under a round figure is not printed as that figure
+    close = _runs()
+    close["baseline_misses"] = _rep(22.2, mean_ms=3500.0, p99_ms=4200.0)
+    close["chunlian_misses"] = _rep(266.3, mean_ms=230.0, p99_ms=500.0)
+    row = {r["metric"]: r for r in compare.build_table(close)}["requests/s, cache misses only"]
+    assert row["ratio"] == 11.995
+    assert "11.995×" in compare.markdown_table([row])
 
 
 def test_run_compare_measures_both_sides_on_both_loads(tmp_path: Path) -> None:

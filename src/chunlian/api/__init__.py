@@ -32,9 +32,10 @@ def serve(settings: Settings) -> None:
     """
     import uvicorn
 
-    from chunlian.omp import bound_spin_wait
+    from chunlian.omp import set_spin_wait
 
-    bound_spin_wait()  # before the engine imports torch (chunlian.omp says why)
+    # before the engine imports torch; alone on its cores unless told (chunlian.omp says why)
+    set_spin_wait(settings.omp_spin, shared=False)
     configure_logging(settings.log_level)
     config = uvicorn.Config(
         create_app(settings),

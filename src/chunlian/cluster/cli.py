@@ -50,7 +50,8 @@ def _summary(d: dict[str, Any], own_prefix: bool) -> str:
     for i, inst in enumerate(d["instances"], start=1):
         lines.append(f"  instance {i:<2} pid {inst['pid']:<7} {inst['url']}  id {inst['id']}")
     for i, w in enumerate(d["workers"], start=1):
-        lines.append(f"  worker {i:<4} pid {w['pid']:<7} (celery; log {w['log']})")
+        via = f"items via {w['engine_url']}" if w.get("engine_url") else "own model"
+        lines.append(f"  worker {i:<4} pid {w['pid']:<7} (celery, {via}; log {w['log']})")
     if d.get("workers_note"):
         lines.append(f"  workers     none: {d['workers_note']}")
     lines.append(f"  redis       {d['redis_url']}")
@@ -83,6 +84,7 @@ def _cluster(args: argparse.Namespace) -> int:
         nginx=args.nginx,
         nginx_worker_processes=args.nginx_workers,
         deadline_s=args.deadline_s,
+        worker_own_model=args.worker_own_model,
     )
     stop = threading.Event()
 
@@ -129,7 +131,12 @@ def register(sub: Any) -> None:
     c.add_argument("--instances", type=int, default=2, help="service instances (default 2)")
     c.add_argument("--port", type=int, default=8000, help="nginx's port (default 8000)")
     c.add_argument("--host", default=None, help="nginx's address (default 127.0.0.1)")
-    c.add_argument("--workers", type=int, default=0, help="Celery workers (default 0)")
+    c.add_argument("--workers", type=int, default=0,
+                   help="Celery workers (default 0); they send their items through nginx to the "
+                        "instances' engines at bulk priority and load no model")
+    c.add_argument("--worker-own-model", action="store_true",
+                   help="workers load their own model instead (they then compete with the "
+                        "instances for this machine's cores outside any scheduler; docs/jobs.md)")
     c.add_argument("--redis-url", default=None,
                    help="the shared Redis (default $CHUNLIAN_REDIS_URL or redis://127.0.0.1:6379/0)")
     c.add_argument("--broker-url", default=None,

@@ -72,6 +72,15 @@ def _setting_default(name: str) -> Any:
     return Settings.model_fields[name].default
 
 
+def spin_env(env: Mapping[str, str], instances: int, workers: int) -> dict[str, str]:
+    """The instances' OpenMP spin (``chunlian.omp``): bounded when several model-running
+    processes share this machine's cores, unless ``CHUNLIAN_OMP_SPIN`` says otherwise; a
+    lone instance keeps the full spin of ``chunlian serve``."""
+    if env.get("CHUNLIAN_OMP_SPIN") or (instances < 2 and workers < 1):
+        return {}
+    return {"CHUNLIAN_OMP_SPIN": "bounded"}
+
+
 def _env_number(env: Mapping[str, str], name: str, cast: Callable[[str], Any]) -> Any:
     key = f"CHUNLIAN_{name.upper()}"
     raw = env.get(key)
@@ -104,6 +113,10 @@ class ClusterSpec:
     nginx_worker_processes: str = "auto"
     deadline_s: float | None = None  # default: max(30 s, the service's default deadline)
     access_log: bool = True
+    # False: workers load no model and send their items through nginx to the instances'
+    # engines at bulk priority (CHUNLIAN_WORKER_ENGINE_URL; docs/jobs.md: a worker with its
+    # own model beside an instance took interactive p99 to 47-51x on the tenth session's host)
+    worker_own_model: bool = False
     env: Mapping[str, str] = field(default_factory=dict)  # extra env for every child
 
     def validate(self) -> None:
@@ -146,6 +159,13 @@ class Cluster:
         return f"http://{self.spec.host}:{self.spec.port}"
 
     @property
+    def local_url(self) -> str:
+        """nginx as a process on this machine reaches it (a wildcard listen address is
+        connected to on loopback)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.spec.host, self.spec.host)
+        return f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{self.spec.port}"
+
+    @property
     def instances(self) -> list[Child]:
         return [c for c in self.children if c.role == "instance"]
 
@@ -176,7 +196,9 @@ class Cluster:
                  "url": f"http://{self.spec.instance_host}:{c.port}", "log": str(c.log_path)}
                 for c in self.instances
             ],
-            "workers": [{"name": c.name, "pid": c.pid, "log": str(c.log_path)} for c in self.workers],
+            "workers": [{"name": c.name, "pid": c.pid, "log": str(c.log_path),
+                         "engine_url": None if self.spec.worker_own_model else self.local_url}
+                        for c in self.workers],
             "workers_note": self.worker_note,
             "pgids": [c.pid for c in self.children],
         }
@@ -250,6 +272,7 @@ class Cluster:
         if threads is None and not env.get("CHUNLIAN_TORCH_THREADS"):
             threads = max(1, (os.cpu_count() or 1) // spec.instances)
         host_name = socket.gethostname()
+        spin = spin_env(env, spec.instances, spec.workers if spec.worker_own_model else 0)
         for i, port in enumerate(ports, start=1):
             child_env = {
                 **env,
@@ -258,6 +281,7 @@ class Cluster:
                 "CHUNLIAN_REDIS_URL": spec.redis_url,
                 "CHUNLIAN_INSTANCE_ID": f"{host_name}:{port}",
                 "PYTHONUNBUFFERED": "1",
+                **spin,
             }
             if threads is not None:
                 child_env["CHUNLIAN_TORCH_THREADS"] = str(threads)
@@ -272,7 +296,9 @@ class Cluster:
                     "CHUNLIAN_INSTANCE_ID": f"{host_name}-worker-{i}",
                     "PYTHONUNBUFFERED": "1",
                 }
-                if threads is not None:
+                if not spec.worker_own_model:
+                    child_env["CHUNLIAN_WORKER_ENGINE_URL"] = self.local_url
+                elif threads is not None:
                     child_env["CHUNLIAN_TORCH_THREADS"] = str(threads)
                 self._spawn("worker", f"worker-{i}", worker_cmd, child_env)
         ng = self._spawn("nginx", "nginx", nginx_command(binary, self.nginx_cfg), env)

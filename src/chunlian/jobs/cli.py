@@ -178,9 +178,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a Celery worker for the job queue (this process becomes the worker)."""
-    from chunlian.omp import bound_spin_wait
+    from chunlian.config import load_settings
+    from chunlian.omp import set_spin_wait
 
-    bound_spin_wait()  # before anything imports torch (chunlian.omp says why)
+    # before anything imports torch: a worker shares its cores (chunlian.omp says why)
+    set_spin_wait(load_settings().omp_spin, shared=True)
     if args.broker:
         os.environ["CHUNLIAN_BROKER_URL"] = args.broker
     if args.queue:
