@@ -39,8 +39,3 @@ def set_spin_wait(policy: SpinPolicy, shared: bool) -> bool:
     if policy == "bounded" or (policy == "auto" and shared):
         os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
     return "torch" not in sys.modules
-
-
-def bound_spin_wait() -> bool:
-    """``set_spin_wait("bounded", True)``: for processes that always share their cores."""
-    return set_spin_wait("bounded", True)
