@@ -159,7 +159,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from chunlian.training.eval_run import run_eval
 
     report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
-                      args.batch_size, args.tone_bias, args.beam, args.matmul)
+                      args.batch_size, args.tone_bias, args.beam, args.matmul, args.zodiac_year)
     if args.json:
         _dump(report)
     else:
@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--baselines", action="store_true", help="also score a random real lower and gold")
     e.add_argument("--tone-bias", type=float, default=None)
     e.add_argument("--beam", type=int, default=1, help="constrained beam search of this width (1: greedy)")
+    e.add_argument("--zodiac-year", type=int, default=None,
+                   help="apply the zodiac rule of this year (default: none; the validation couplets "
+                        "were written for many years)")
     _model_flags(e)
     e.set_defaults(fn=cmd_eval)
 

@@ -6,10 +6,11 @@ which setting, what was expected and what arrived.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import uuid
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, get_args
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -18,6 +19,9 @@ from pydantic_settings.exceptions import SettingsError
 from chunlian.errors import ConfigError
 from chunlian.omp import SpinPolicy
 from chunlian.types import Matmul
+
+if TYPE_CHECKING:
+    from chunlian.data.blocklist import Blocklist
 
 DEFAULT_WARMUP = (
     "新春", "平安", "发财", "福", "吉祥", "如意",
@@ -91,6 +95,11 @@ class Settings(BaseSettings):
     # cores to interactive instances on the same machine and takes them all when those idle
     worker_nice: int = Field(10, ge=0, le=19)
 
+    # the lunar year generated lines may name by its zodiac animal (model.zodiac: 金猴献岁
+    # is a Monkey year's line, wrong for a Goat-year campaign): 0 = the coming Spring
+    # Festival's, from the date at start-up; -1 = no zodiac rule
+    zodiac_year: int = Field(0, ge=-1, le=2200)
+
     cache_size: int = Field(100_000, ge=0)
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=1)
     redis_url: str | None = None
@@ -134,6 +143,36 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return tuple(s.strip() for s in v.split(",") if s.strip())
         return v
+
+    @field_validator("zodiac_year")
+    @classmethod
+    def _check_zodiac_year(cls, v: int) -> int:
+        if 0 < v < 1900:
+            raise ValueError("expected a year from 1900 on, 0 (the coming Spring Festival's) or -1 (off)")
+        return v
+
+    def resolved_zodiac_year(self, today: dt.date | None = None) -> int | None:
+        """``zodiac_year`` with 0 resolved from ``today`` (default: the local date); None when off."""
+        if self.zodiac_year < 0:
+            return None
+        if self.zodiac_year:
+            return self.zodiac_year
+        from chunlian.model.zodiac import campaign_year
+
+        return campaign_year(today or dt.date.today())
+
+    def generation_blocklist(self) -> Blocklist:
+        """The bans on generated text: the safety blocklist plus the off-year zodiac terms."""
+        from chunlian.data.blocklist import default_blocklist
+        from chunlian.model.zodiac import with_zodiac
+
+        return with_zodiac(default_blocklist(), self.resolved_zodiac_year())
+
+    @property
+    def rules_tag(self) -> str:
+        """What, besides the model and the request, decides an answer (part of cache keys)."""
+        year = self.resolved_zodiac_year()
+        return "" if year is None else f"zodiac={year}"
 
     @property
     def api_key_set(self) -> frozenset[str]:

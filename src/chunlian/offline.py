@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from chunlian.data.blocklist import Blocklist
 from chunlian.engine.request import SeqOutput, expand
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ChunlianError, InvalidInput
@@ -82,13 +83,17 @@ class OfflineGenerator:
     @classmethod
     def load(
         cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
-        matmul: str = "float32",
+        matmul: str = "float32", blocklist: Blocklist | None = None,
     ) -> OfflineGenerator:
+        """``blocklist``: the bans on generated text (default: ``Settings.generation_blocklist``
+        of the environment's settings, as the service applies them)."""
+        from chunlian.config import load_settings
         from chunlian.model.hengpi import HengpiSelector
 
         check_beam(beam_width)
         loaded = load_weights(model_path, device, matmul)
-        return cls(loaded, ModelRunner(loaded, capacity, device), HengpiSelector.from_loaded(loaded), beam_width)
+        runner = ModelRunner(loaded, capacity, device, blocklist=load_settings().generation_blocklist() if blocklist is None else blocklist)
+        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width)
 
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
         """Results in input order; a request that fails yields its error, not an abort.

@@ -416,3 +416,19 @@ async def test_the_deadline_answers_504_at_once_and_the_late_answer_is_cached() 
         again = await h.client.post("/v1/couplets", json={"upper": "春回大地"})
         assert again.status_code == 200 and again.json()["cached"] is True
         assert len(engine.calls) == 1
+
+
+async def test_an_answer_cached_under_one_zodiac_year_is_no_hit_under_another() -> None:
+    from chunlian.api.service import CoupletService
+    from chunlian.cache import MemoryStore, ResultCache
+    from chunlian.types import CoupletRequest
+
+    engine = FakeEngine()
+    engine.started = True
+    shared = ResultCache([MemoryStore(16)], ttl_s=60)  # as a Redis shared by two configurations
+    req = CoupletRequest(upper="春回大地")
+    y2027 = CoupletService(engine, shared, rules_tag="zodiac=2027")
+    await y2027.generate(req)
+    assert await y2027.cached(req) is not None
+    assert await CoupletService(engine, shared, rules_tag="zodiac=2028").cached(req) is None
+    assert await CoupletService(engine, shared).cached(req) is None  # the rule off

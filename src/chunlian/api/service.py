@@ -62,10 +62,18 @@ class Answer:
 class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
-    def __init__(self, engine: EngineLike, cache: ResultCache, default_timeout_s: float = 30.0) -> None:
+    def __init__(self, engine: EngineLike, cache: ResultCache, default_timeout_s: float = 30.0,
+                 rules_tag: str = "") -> None:
         self.engine = engine
         self.cache = cache
         self.default_timeout_s = default_timeout_s
+        # decoding rules beyond the model's (``Settings.rules_tag``: the zodiac year): an
+        # answer cached under one year's rules is no answer under another's
+        self.rules_tag = rules_tag
+
+    def _key(self, req: CoupletRequest) -> str:
+        tag = self.engine.model_tag
+        return cache_key(f"{tag}#{self.rules_tag}" if self.rules_tag else tag, req)
 
     @property
     def model_tag(self) -> str:
@@ -74,7 +82,7 @@ class CoupletService:
 
     async def cached(self, req: CoupletRequest) -> Answer | None:
         """The cached answer for ``req``, or None (fast path: no engine involved)."""
-        hit = await self.cache.get(cache_key(self.engine.model_tag, req))
+        hit = await self.cache.get(self._key(req))
         return None if hit is None else Answer(hit, True)
 
     async def generate(
@@ -119,7 +127,7 @@ class CoupletService:
             fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
             return await self.engine.generate(fresh)
         result = await self.engine.generate(req)
-        await self.cache.put(cache_key(self.engine.model_tag, req), result)
+        await self.cache.put(self._key(req), result)
         return result
 
     async def answer(

@@ -80,7 +80,9 @@ async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], 
     batching = "static" if mode == "static_retire" else mode
     settings = load_settings(max_batch_size=batch, batching=batching, max_wait_ms=0,
                              max_queue_size=max(len(uppers), 1), default_timeout_ms=600_000)
-    runner = ModelRunner(loaded, capacity=batch, threads=threads)
+    # the service's bans on generated text (safety and zodiac terms), as the engine it
+    # stands for applies them
+    runner = ModelRunner(loaded, capacity=batch, threads=threads, blocklist=settings.generation_blocklist())
     engine = Engine(settings, runner, hengpi, loaded.tag)
     if mode == "static_retire":
         runner.padded_batches = False  # static admission, rows retired at once

@@ -153,7 +153,7 @@ class Engine:
         log.info("loaded %s on %s, %s linear layers", loaded.tag, device, loaded.matmul)
         runner = ModelRunner(
             loaded, capacity=settings.max_batch_size, device=device,
-            threads=settings.resolved_torch_threads(),
+            threads=settings.resolved_torch_threads(), blocklist=settings.generation_blocklist(),
         )
         return cls(settings, runner, HengpiSelector.from_loaded(loaded), loaded.tag)
 

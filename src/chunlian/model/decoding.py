@@ -17,7 +17,8 @@ Rules for the 下联 (hard, hold by construction):
     completed later by characters the rules will force: choosing 下联[j] also fixes every
     later repeat of position j, so a window (of blocklist length) that those forced
     characters complete is checked when its last undetermined character is chosen
-    (``lookahead_banned``); ``banned_next`` alone misses 甲乙 + forced 甲 = 乙甲.
+    (``lookahead_banned``); ``banned_next`` alone misses 甲乙 + forced 甲 = 乙甲. The
+    service's list also holds the terms naming another zodiac year (``model.zodiac``).
 Soft (biases, tunable): 平仄 opposition at even positions and clause ends (``tone_bias``),
 and the style's lexicon (``style_bias``).
 For a composed 上联: Han characters only, forced head characters, ends 仄, blocklist.

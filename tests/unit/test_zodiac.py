@@ -1,0 +1,76 @@
+"""The zodiac rule: generated lines name no year's animal but the campaign year's and the
+year before it; the user's 上联 may name any."""
+
+from __future__ import annotations
+
+import datetime as dt
+from functools import cache
+
+import pytest
+
+from chunlian.config import load_settings
+from chunlian.data.blocklist import default_blocklist
+from chunlian.engine.request import SeqSpec
+from chunlian.engine.runner import ModelRunner
+from chunlian.errors import ConfigError
+from chunlian.model.checkpoint import LoadedModel, load_weights
+from chunlian.model.zodiac import animal, campaign_year, off_year_terms, with_zodiac
+
+# lines of the validation split whose greedy 下联 named another year without the rule
+# (紫燕迎春... -> 金猴献岁..., 幸入福院龙年乐 -> 喜临华堂蛇岁新, 紫燕飞来寻玉兔 -> 金猴舞去踏红梅)
+UPPERS = ["紫燕迎春，绚丽风光凝百瑞", "幸入福院龙年乐", "紫燕飞来寻玉兔", "龙门在望仙门近"]
+
+
+@cache
+def shipped() -> LoadedModel:
+    return load_weights(None, "cpu")
+
+
+def test_animals_of_years_and_the_campaign_year() -> None:
+    assert [animal(y) for y in (2020, 2024, 2026, 2027, 2031)] == ["鼠", "龙", "马", "羊", "猪"]
+    assert campaign_year(dt.date(2026, 12, 1)) == 2027  # December: the coming one
+    assert campaign_year(dt.date(2027, 1, 20)) == 2027  # before it (6 February 2027)
+    assert campaign_year(dt.date(2027, 7, 1)) == 2028
+
+
+def test_off_year_terms_spare_the_year_and_the_one_it_follows() -> None:
+    terms = off_year_terms(2027)
+    assert {"猴年", "金猴", "蛇岁", "犬年", "狗岁", "金龙"} <= terms
+    assert not {"羊年", "羊岁", "金羊", "马年", "马岁", "金马"} & terms  # 2027 Goat, 2026 Horse
+    assert len(terms) == 3 * 11  # ten animals and the Dog's alias, three patterns each
+    assert with_zodiac(default_blocklist(), None) is default_blocklist()
+
+
+def _lowers(blocklist_year: int | None) -> list[str]:
+    runner = ModelRunner(shipped(), 8, blocklist=with_zodiac(default_blocklist(), blocklist_year))
+    out = runner.run_all([SeqSpec(seq_id=i, style="traditional", upper=u, upper_len=len(u))
+                          for i, u in enumerate(UPPERS)])
+    return [out[i].lower for i in range(len(UPPERS))]
+
+
+def test_generated_lines_name_no_other_year() -> None:
+    free, ruled = _lowers(None), _lowers(2027)
+    terms = off_year_terms(2027)
+    # without the rule the model names other years (the reason for it) ...
+    assert sum(any(t in lo for t in terms) for lo in free) >= 3, free
+    # ... with it none does, and lines that named none are left as they were
+    assert not [lo for lo in ruled if any(t in lo for t in terms)], ruled
+    for f, r in zip(free, ruled, strict=True):
+        if not any(t in f for t in terms):
+            assert f == r
+
+
+def test_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().resolved_zodiac_year(dt.date(2026, 12, 1)) == 2027  # 0: auto
+    monkeypatch.setenv("CHUNLIAN_ZODIAC_YEAR", "2028")
+    s = load_settings()
+    assert s.resolved_zodiac_year() == 2028 and s.rules_tag == "zodiac=2028"
+    assert "猴年" not in s.generation_blocklist().terms  # 2028: Monkey
+    assert "羊年" not in s.generation_blocklist().terms  # the year it follows
+    monkeypatch.setenv("CHUNLIAN_ZODIAC_YEAR", "-1")
+    s = load_settings()
+    assert s.resolved_zodiac_year() is None and s.rules_tag == ""
+    assert s.generation_blocklist() is default_blocklist()
+    monkeypatch.setenv("CHUNLIAN_ZODIAC_YEAR", "1500")
+    with pytest.raises(ConfigError, match="CHUNLIAN_ZODIAC_YEAR"):
+        load_settings()
