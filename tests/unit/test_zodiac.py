@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +62,7 @@ def test_generated_lines_name_no_other_year() -> None:
 
 
 def test_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHUNLIAN_ZODIAC_YEAR", raising=False)
     assert load_settings().resolved_zodiac_year(dt.date(2026, 12, 1)) == 2027  # 0: auto
     monkeypatch.setenv("CHUNLIAN_ZODIAC_YEAR", "2028")
     s = load_settings()
@@ -74,3 +76,25 @@ def test_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHUNLIAN_ZODIAC_YEAR", "1500")
     with pytest.raises(ConfigError, match="CHUNLIAN_ZODIAC_YEAR"):
         load_settings()
+
+
+def test_eval_prints_every_key_and_applies_the_zodiac_rule_only_when_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from chunlian.cli import main as cli_main
+
+    data = tmp_path / "pairs.tsv"
+    data.write_text("upper\tlower\n紫燕迎春，绚丽风光凝百瑞\t金猴献岁，和谐社会启千祥\n"
+                    "幸入福院龙年乐\t喜临华堂蛇岁新\n", encoding="utf-8")
+    reports = []
+    for extra in ([], ["--zodiac-year", "2027"]):
+        assert cli_main(["eval", "--data", str(data), "--json", *extra]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    keys = {"pairs", "bleu4", "bleu1", "length_ok", "repeat_pattern_ok", "no_same_position_copy",
+            "no_shared_char", "ends_ping", "ends_ping_when_upper_ze", "pingze_opposition", "seconds"}
+    off, on = reports
+    assert keys <= set(off) and keys <= set(on) and off["pairs"] == on["pairs"] == 2
+    assert "zodiac_year" not in off and on["zodiac_year"] == 2027
+    # these golds name other years, which the rule forbids: the ruled run matches them less
+    assert on["bleu1"] < off["bleu1"]
