@@ -92,7 +92,8 @@ class OfflineGenerator:
 
         check_beam(beam_width)
         loaded = load_weights(model_path, device, matmul)
-        runner = ModelRunner(loaded, capacity, device, blocklist=load_settings().generation_blocklist() if blocklist is None else blocklist)
+        bans = load_settings().generation_blocklist() if blocklist is None else blocklist
+        runner = ModelRunner(loaded, capacity, device, blocklist=bans)
         return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width)
 
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:

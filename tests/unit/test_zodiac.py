@@ -98,3 +98,10 @@ def test_eval_prints_every_key_and_applies_the_zodiac_rule_only_when_asked(
     assert "zodiac_year" not in off and on["zodiac_year"] == 2027
     # these golds name other years, which the rule forbids: the ruled run matches them less
     assert on["bleu1"] < off["bleu1"]
+
+
+def test_one_blocklist_object_per_year() -> None:
+    # the constrainer's indexes are built per object (80 ms here): engines, benchmarks and
+    # workers that ask again get the same one
+    assert with_zodiac(default_blocklist(), 2027) is with_zodiac(default_blocklist(), 2027)
+    assert with_zodiac(default_blocklist(), 2027) is not with_zodiac(default_blocklist(), 2028)

@@ -16,6 +16,7 @@ default the coming Spring Festival's (``campaign_year``).
 from __future__ import annotations
 
 import datetime as dt
+from functools import lru_cache
 
 from chunlian.data.blocklist import Blocklist
 
@@ -43,6 +44,7 @@ def off_year_terms(year: int) -> frozenset[str]:
     return frozenset(p.format(a) for a in names for p in YEAR_PATTERNS)
 
 
+@lru_cache(maxsize=8)  # one object per (list, year): its indexes (``model.decoding``) are built once
 def with_zodiac(blocklist: Blocklist, year: int | None) -> Blocklist:
     """``blocklist`` plus the off-year terms of ``year`` (None: ``blocklist`` as it is)."""
     if year is None:
