@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chunlian.data.blocklist import Blocklist
-from chunlian.engine.request import SeqOutput, expand
+from chunlian.engine.request import SeqOutput, expand, simplified_request
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ChunlianError, InvalidInput
 from chunlian.model.checkpoint import LoadedModel, load_weights
@@ -138,8 +138,8 @@ class OfflineGenerator:
             self.loaded, self.runner.constrainer, self.runner.tone_bias,
             max_rows=max(self.runner.capacity, self.beam_width),
         )
-        found = searcher.search([(r.upper or "", r.style) for r in todo], self.beam_width)
-        return {
-            id(r): SeqOutput(-1 - i, r.upper or "", b.lower, b.mean_logprob)
+        found = searcher.search([(simplified_request(r).upper or "", r.style) for r in todo], self.beam_width)
+        return {  # the searched (simplified) 上联: build_result converts back to what was typed
+            id(r): SeqOutput(-1 - i, simplified_request(r).upper or "", b.lower, b.mean_logprob)
             for i, (r, b) in enumerate(zip(todo, found, strict=True))
         }

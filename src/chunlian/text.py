@@ -129,16 +129,21 @@ def _han_only(raw: object, field: str, most: int) -> str:
     if not all(is_han(ch) for ch in text):
         raise InvalidInput(f"{field} must be Chinese characters only", field)
     from chunlian.data.blocklist import default_blocklist
+    from chunlian.script import simplified
 
-    if default_blocklist().find(text):
+    # the list is in simplified characters; a name typed in traditional ones is checked as
+    # the model will write it (chunlian.script)
+    if default_blocklist().find(text) or default_blocklist().find(simplified(text)):
         raise InvalidInput(f"{field} contains a term we do not write", field)
     return text
 
 
 def validate_heads(raw: object) -> str:
     """One or two distinct head characters for a 藏头 couplet (a name)."""
+    from chunlian.script import simplified
+
     heads = _han_only(raw, "heads", 2)
-    if len(heads) == 2 and heads[0] == heads[1]:
+    if len(heads) == 2 and simplified(heads[0]) == simplified(heads[1]):  # 後 / 后: one character
         # the 下联 may not repeat a character of the 上联
         raise InvalidInput("heads must be two different characters", "heads")
     return heads

@@ -131,6 +131,17 @@ def test_candidates_seed_and_regenerate(client: httpx.Client) -> None:
     assert after["cached"] is True and after["lower"] == default["lower"]
 
 
+def test_a_traditional_upper_is_answered_in_traditional_and_cached_apart(client: httpx.Client) -> None:
+    from chunlian.script import is_traditional, simplified
+
+    trad = client.post("/v1/couplets", json={"upper": "爆竹聲聲辭舊歲"}).json()
+    check_couplet(trad, "爆竹聲聲辭舊歲")
+    assert is_traditional(trad["lower"]) and trad["cached"] is False
+    simp = client.post("/v1/couplets", json={"upper": "爆竹声声辞旧岁"}).json()
+    assert simp["lower"] == simplified(trad["lower"]) and not is_traditional(simp["lower"])
+    assert client.post("/v1/couplets", json={"upper": "爆竹聲聲辭舊歲"}).json()["lower"] == trad["lower"]
+
+
 def test_compose_heads_and_keyword(client: httpx.Client) -> None:
     body = client.post("/v1/couplets/compose", json={"heads": "李明", "length": 5}).json()
     check_couplet(body)

@@ -7,8 +7,9 @@ is one sequence too: it writes the 上联 after its forced head, then the 下联
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from chunlian.script import is_traditional, simplified
 from chunlian.text import is_han
 from chunlian.types import CoupletRequest
 
@@ -66,7 +67,9 @@ class SeqOutput:
 
 
 def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
-    """The sequences for a request: ``n`` candidates (candidate 0 greedy when unseeded)."""
+    """The sequences for a request: ``n`` candidates (candidate 0 greedy when unseeded),
+    on the simplified form of its text (``chunlian.script``: the model's vocabulary)."""
+    req = simplified_request(req)
     p = req.params
     specs: list[SeqSpec] = []
     for c in range(p.n):
@@ -94,3 +97,11 @@ def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
                     lower_forced=lower_forced, upper_banned=banned, **common)  # type: ignore[arg-type]
         )
     return specs
+
+
+def simplified_request(req: CoupletRequest) -> CoupletRequest:
+    """``req`` with its text in simplified characters (itself when it is already)."""
+    if not any(is_traditional(t) for t in (req.upper, req.heads, req.keyword)):
+        return req
+    return replace(req, upper=req.upper and simplified(req.upper), heads=req.heads and simplified(req.heads),
+                   keyword=req.keyword and simplified(req.keyword))

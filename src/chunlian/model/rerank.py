@@ -7,9 +7,11 @@ already hold for every candidate; the score prefers the likelier, better-toned o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from chunlian.engine.request import SeqOutput
+from chunlian.script import converted_couplet, is_traditional, traditional_phrase
 from chunlian.text import checked_positions, tone_class
 from chunlian.types import Couplet, CoupletRequest, CoupletResult
 
@@ -33,6 +35,25 @@ def opposition_rate(upper: str, lower: str) -> float:
     return hits / total if total else 1.0
 
 
+def _in_script_of(req: CoupletRequest) -> Callable[[str, str], tuple[str, str]] | None:
+    """For a request typed in traditional characters, the conversion of its generated
+    (simplified) lines back to them, keeping what the user typed (``chunlian.script``);
+    None for a simplified one."""
+    if req.upper is not None:
+        if not is_traditional(req.upper):
+            return None
+        typed = req.upper
+        return lambda u, lo: converted_couplet(u, lo, {}, {}, typed_upper=typed)
+    if req.heads and is_traditional(req.heads):
+        up_keep = {0: req.heads[0]}
+        low_keep = {0: req.heads[1]} if len(req.heads) > 1 else {}
+    elif req.keyword and is_traditional(req.keyword):
+        up_keep, low_keep = dict(enumerate(req.keyword)), {}
+    else:
+        return None
+    return lambda u, lo: converted_couplet(u, lo, up_keep, low_keep)
+
+
 def build_result(
     req: CoupletRequest, outputs: list[SeqOutput], hengpi: HengpiChooser | None, model_tag: str
 ) -> CoupletResult:
@@ -44,9 +65,12 @@ def build_result(
         key=lambda so: (-so[0], so[1].seq_id),
     )
     couplets = []
+    back = _in_script_of(req)
     for score, o in scored:
         hp = hengpi.choose(o.upper, o.lower, req.style, req.params.seed) if hengpi else ""
-        couplets.append(Couplet(o.upper, o.lower, hp, req.style, round(score, 4)))
+        upper, lower = (o.upper, o.lower) if back is None else back(o.upper, o.lower)
+        couplets.append(Couplet(upper, lower, hp if back is None else traditional_phrase(hp), req.style,
+                                round(score, 4)))
     return CoupletResult(
         best=couplets[0], candidates=tuple(couplets) if req.params.n > 1 else (), model=model_tag
     )

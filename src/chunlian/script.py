@@ -1,0 +1,91 @@
+"""Traditional-script requests: generated in simplified characters, answered in traditional.
+
+The model's vocabulary is simplified (the corpora are), so a 上联 typed in traditional
+characters (爆竹聲聲辭舊歲) reached it half unknown: on the validation split converted to
+traditional, greedy BLEU-4 against the traditional golds was 0.60, against 3.29 for the same
+pairs in simplified, and the answers came back in simplified. Now a request whose text
+changes under simplification is generated from its simplified form and its lines and 横批
+are converted back (``zhconv``, with context: 頭髮 / 發財). The user's own characters are
+kept as typed: the 上联 of a couplet request, the head characters or keyword of a composed
+one.
+
+The couplet rules were enforced on the simplified lines, and conversion keeps them in all
+but rare cases (one simplified character can stand for two traditional ones, 发 -> 髮 / 發,
+and their tones can differ, 干 gān / 幹 gàn). So the converted lower line is checked
+against the typed upper (length and punctuation, repeat pattern, no shared character, the
+平 ending where it applies) and the simplified line is answered instead when a check fails.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from chunlian.text import is_han, tone_class
+
+
+@lru_cache(maxsize=8192)
+def simplified(text: str) -> str:
+    """``text`` in simplified characters (unchanged when conversion would change its length)."""
+    import zhconv
+
+    out = str(zhconv.convert(text, "zh-cn"))
+    return out if len(out) == len(text) else text
+
+
+def is_traditional(text: str | None) -> bool:
+    """Whether ``text`` holds characters that simplification changes."""
+    return text is not None and text != "" and simplified(text) != text
+
+
+def traditional(line: str, keep: dict[int, str] | None = None) -> str:
+    """``line`` (simplified) in traditional characters; ``keep`` pins positions to given
+    characters (the user's own). A simplified character found at several positions gets
+    the traditional form of its first one, so repeats stay repeats."""
+    import zhconv
+
+    conv = str(zhconv.convert(line, "zh-hant"))
+    if len(conv) != len(line):
+        return line
+    first: dict[str, str] = {}
+    out = []
+    for i, (s, t) in enumerate(zip(line, conv, strict=True)):
+        t = first.setdefault(s, t)
+        out.append((keep or {}).get(i, t))
+    return "".join(out)
+
+
+def rules_hold(upper: str, lower: str, ping_ending: bool) -> bool:
+    """The hard couplet rules between two lines as the user will read them."""
+    if len(upper) != len(lower):
+        return False
+    for i, (a, b) in enumerate(zip(upper, lower, strict=True)):
+        if is_han(a) != is_han(b) or (not is_han(a) and a != b):
+            return False  # punctuation mirrored at the same positions
+        for j in range(i):
+            if (upper[i] == upper[j]) != (lower[i] == lower[j]):
+                return False
+    if {c for c in upper if is_han(c)} & {c for c in lower if is_han(c)}:
+        return False
+    return not ping_ending or tone_class(lower[-1]) == "ping"
+
+
+def converted_couplet(
+    upper_s: str, lower_s: str, upper_keep: dict[int, str], lower_keep: dict[int, str],
+    typed_upper: str | None = None,
+) -> tuple[str, str]:
+    """The couplet (simplified lines ``upper_s`` / ``lower_s``) in traditional characters:
+    ``typed_upper`` as typed when given, else converted with ``upper_keep`` pinned. The
+    lower line falls back to ``lower_s`` when the converted one breaks a rule."""
+    upper = typed_upper if typed_upper is not None else traditional(upper_s, upper_keep)
+    lower = traditional(lower_s, lower_keep)
+    ping = tone_class(upper_s[-1]) == "ze" and tone_class(lower_s[-1]) == "ping"
+    if rules_hold(upper, lower, ping):
+        return upper, lower
+    if typed_upper is None and rules_hold(upper_s, lower_s, ping):
+        return upper_s, lower_s
+    return upper, lower_s
+
+
+def traditional_phrase(phrase: str) -> str:
+    """A 横批 in traditional characters."""
+    return traditional(phrase) if phrase else phrase
