@@ -139,7 +139,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(data_dir=args.data, out_dir=args.out, export_path=args.export)
     if args.max_steps:
         cfg.max_steps = args.max_steps
-    for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs", "dropout"):
+    for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs", "dropout",
+                 "augment_reverse"):
         value = getattr(args, name)
         if value is not None:  # given on the command line (0 included)
             setattr(cfg, name, value)
@@ -256,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup-steps", type=int, default=None)
     t.add_argument("--batch-pairs", type=int, default=None)
     t.add_argument("--dropout", type=float, default=None, help="on embeddings and residual branches (default: 0 from scratch, the --init-from weights' own when continuing)")
+    t.add_argument("--augment-reverse", action="store_true", default=None,
+                   help="also train on every modern pair the other way round")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(fn=cmd_train)
 

@@ -83,3 +83,11 @@ def test_train_refuses_a_dropout_outside_0_to_1(capsys: pytest.CaptureFixture[st
 
     assert main(["train", "--dropout", "1.5"]) == 2
     assert "--dropout must be in [0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_reversed_pairs_are_modern_training_pairs_the_other_way_round() -> None:
+    from chunlian.data.corpus import Pair
+    from chunlian.training.train import reversed_pairs
+
+    pairs = [Pair("春回大地", "福满人间", "modern"), Pair("白日依山尽", "黄河入海流", "classical")]
+    assert reversed_pairs(pairs) == [Pair("福满人间", "春回大地", "modern")]  # classical kept one way
