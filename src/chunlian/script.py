@@ -32,9 +32,16 @@ def simplified(text: str) -> str:
     return out if len(out) == len(text) else text
 
 
+# characters that simplification changes but that simplified text also writes as they are:
+# 乾 (乾坤, a given name), 於 (a surname). A name such as 乾宇 is not a traditional request.
+ALSO_SIMPLIFIED = frozenset("乾於")
+
+
 def is_traditional(text: str | None) -> bool:
-    """Whether ``text`` holds characters that simplification changes."""
-    return text is not None and text != "" and simplified(text) != text
+    """Whether ``text`` holds characters that simplification changes (but ``ALSO_SIMPLIFIED``)."""
+    if not text:
+        return False
+    return any(a != b and a not in ALSO_SIMPLIFIED for a, b in zip(text, simplified(text), strict=True))
 
 
 def traditional(line: str, keep: dict[int, str] | None = None) -> str:

@@ -69,3 +69,8 @@ def test_a_traditional_name_keeps_its_characters(gen: OfflineGenerator) -> None:
     assert keyword.best.upper.startswith("龍騰")
     assert not isinstance(sampled, Exception) and len(sampled.candidates) == 3
     assert all(c.upper == "一帆風順年年好" for c in sampled.candidates)
+
+
+def test_characters_simplified_text_also_writes_do_not_make_a_request_traditional() -> None:
+    assert not is_traditional("乾宇") and not is_traditional("於")  # a name, a surname
+    assert is_traditional("乾陳")  # 陳 is traditional
