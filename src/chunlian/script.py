@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from chunlian.text import is_han, tone_class
+from chunlian.text import punct_positions, tone_class
 
 
 @lru_cache(maxsize=8192)
@@ -62,18 +62,12 @@ def traditional(line: str, keep: dict[int, str] | None = None) -> str:
 
 
 def rules_hold(upper: str, lower: str, ping_ending: bool) -> bool:
-    """The hard couplet rules between two lines as the user will read them."""
-    if len(upper) != len(lower):
-        return False
-    for i, (a, b) in enumerate(zip(upper, lower, strict=True)):
-        if is_han(a) != is_han(b) or (not is_han(a) and a != b):
-            return False  # punctuation mirrored at the same positions
-        for j in range(i):
-            if (upper[i] == upper[j]) != (lower[i] == lower[j]):
-                return False
-    if {c for c in upper if is_han(c)} & {c for c in lower if is_han(c)}:
-        return False
-    return not ping_ending or tone_class(lower[-1]) == "ping"
+    """The hard couplet rules between two lines as the user will read them (the checks
+    ``chunlian eval`` scores, plus punctuation at the same positions)."""
+    from chunlian.training.evaluate import ends_ping, no_shared_char, repeat_pattern_ok
+
+    return (repeat_pattern_ok(upper, lower) and punct_positions(upper) == punct_positions(lower)
+            and no_shared_char(upper, lower) and (not ping_ending or ends_ping(lower)))
 
 
 def converted_couplet(
