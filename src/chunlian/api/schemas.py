@@ -47,7 +47,7 @@ class CoupletIn(_Decoding):
     """Write the 下联 (and 横批) for a given 上联."""
 
     upper: str = Field(
-        ..., max_length=MAX_RAW_TEXT, description="The 上联: Chinese, at most 32 characters.",
+        ..., max_length=MAX_RAW_TEXT, description="The 上联: Chinese (simplified or traditional: the answer comes in the same script), at most 32 characters.",
         examples=["春回大地千山秀"],
     )
 
@@ -63,7 +63,7 @@ class ComposeIn(_Decoding):
     """Write a whole couplet from a name (藏头: ``heads``) or a ``keyword`` the 上联 opens with."""
 
     heads: str | None = Field(
-        None, max_length=MAX_RAW_TEXT, description="1-2 Chinese characters heading the two lines.",
+        None, max_length=MAX_RAW_TEXT, description="1-2 Chinese characters heading the two lines (a traditional name gets a traditional couplet).",
         examples=["李明"],
     )
     keyword: str | None = Field(
