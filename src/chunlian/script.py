@@ -85,8 +85,3 @@ def converted_couplet(
     if typed_upper is None and rules_hold(upper_s, lower_s, ping):
         return upper_s, lower_s
     return upper, lower_s
-
-
-def traditional_phrase(phrase: str) -> str:
-    """A 横批 in traditional characters."""
-    return traditional(phrase) if phrase else phrase

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from chunlian.engine.request import SeqOutput
-from chunlian.script import converted_couplet, is_traditional, traditional_phrase
+from chunlian.script import converted_couplet, is_traditional, traditional
 from chunlian.text import checked_positions, tone_class
 from chunlian.types import Couplet, CoupletRequest, CoupletResult
 
@@ -69,7 +69,7 @@ def build_result(
     for score, o in scored:
         hp = hengpi.choose(o.upper, o.lower, req.style, req.params.seed) if hengpi else ""
         upper, lower = (o.upper, o.lower) if back is None else back(o.upper, o.lower)
-        couplets.append(Couplet(upper, lower, hp if back is None else traditional_phrase(hp), req.style,
+        couplets.append(Couplet(upper, lower, hp if back is None else traditional(hp), req.style,
                                 round(score, 4)))
     return CoupletResult(
         best=couplets[0], candidates=tuple(couplets) if req.params.n > 1 else (), model=model_tag
