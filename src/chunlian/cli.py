@@ -140,7 +140,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.max_steps:
         cfg.max_steps = args.max_steps
     for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs", "dropout",
-                 "augment_reverse"):
+                 "augment_reverse", "reverse_share", "ema_decay"):
         value = getattr(args, name)
         if value is not None:  # given on the command line (0 included)
             setattr(cfg, name, value)
@@ -258,7 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-pairs", type=int, default=None)
     t.add_argument("--dropout", type=float, default=None, help="on embeddings and residual branches (default: 0 from scratch, the --init-from weights' own when continuing)")
     t.add_argument("--augment-reverse", action="store_true", default=None,
-                   help="also train on every modern pair the other way round")
+                   help="also train on every modern pair the other way round (register <r:reversed>)")
+    t.add_argument("--reverse-share", type=float, default=None,
+                   help="share of batches of reversed pairs with --augment-reverse (default 0.3)")
+    t.add_argument("--ema-decay", type=float, default=None,
+                   help="also keep an exponential moving average of the weights (e.g. 0.999): ema.safetensors")
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(fn=cmd_train)
 

@@ -65,6 +65,17 @@ def test_unknown_characters_become_unk_and_decode_drops_specials() -> None:
     assert tok.decode([tok.bos_id, *tok.encode("春满"), tok.sep_id, tok.eos_id]) == "春满"
 
 
+def test_extra_special_tokens_come_after_the_characters_and_are_never_decoded() -> None:
+    plain = Tokenizer.build(LINES, min_count=1)
+    tok = Tokenizer.build(LINES, min_count=1, extra=["<r:reversed>"])
+    assert tok.itos[:-1] == plain.itos and tok.itos[-1] == "<r:reversed>"
+    assert tok.register_id("reversed") == len(tok) - 1 and tok.extra_special_ids == {len(tok) - 1}
+    assert tok.decode([tok.register_id("reversed"), *tok.encode("春满")]) == "春满"
+    assert Tokenizer(list(tok.itos)).extra_special_ids == tok.extra_special_ids
+    with pytest.raises(ValueError, match="extra special"):
+        Tokenizer.build(LINES, extra=["<r:other>"])
+
+
 def test_vocabulary_without_specials_first_is_refused() -> None:
     with pytest.raises(ValueError):
         Tokenizer(["春", *SPECIALS])

@@ -90,4 +90,69 @@ def test_reversed_pairs_are_modern_training_pairs_the_other_way_round() -> None:
     from chunlian.training.train import reversed_pairs
 
     pairs = [Pair("春回大地", "福满人间", "modern"), Pair("白日依山尽", "黄河入海流", "classical")]
-    assert reversed_pairs(pairs) == [Pair("福满人间", "春回大地", "modern")]  # classical kept one way
+    # in their own register (token <r:reversed>); classical pairs are kept one way
+    assert reversed_pairs(pairs) == [Pair("福满人间", "春回大地", "reversed")]
+
+
+def test_buckets_draw_each_register_at_its_share() -> None:
+    import random
+
+    from chunlian.data.corpus import Pair
+    from chunlian.training.train import Buckets, reversed_pairs
+
+    modern = [Pair(u, lo, "modern") for u, lo in PAIRS]
+    classical = [Pair("白日依山尽", "黄河入海流", "classical")]
+    buckets = Buckets(modern + reversed_pairs(modern) + classical, 0.2, random.Random(0), reverse_share=0.3)
+    drawn = [buckets.sample(4)[0][0].register for _ in range(4000)]
+    shares = {r: drawn.count(r) / len(drawn) for r in ("modern", "reversed", "classical")}
+    assert abs(shares["modern"] - 0.5) < 0.04 and abs(shares["reversed"] - 0.3) < 0.04
+    assert abs(shares["classical"] - 0.2) < 0.04
+    # a reversed pair's style is the forward pair's
+    styles = {p.upper: s for key in buckets.keys for p, s in buckets.groups[key]}
+    assert styles["竹报平安"] == styles["花开富贵"]
+    with pytest.raises(ValueError, match="below 1"):
+        Buckets(modern + reversed_pairs(modern) + classical, 0.5, random.Random(0), reverse_share=0.5)
+
+
+def test_augment_reverse_adds_the_register_token_after_the_characters_and_ema_is_exported(
+    tmp_path: Path,
+) -> None:
+    _data(tmp_path)
+    plain = train(_cfg(tmp_path, "p"), progress=False)
+    summary = train(_cfg(tmp_path, "r", augment_reverse=True, ema_decay=0.5), progress=False)
+    assert summary["vocab"] == plain["vocab"] + 1  # counts are of the forward pairs only
+    w = load_weights(tmp_path / "r" / "w.safetensors")
+    assert w.tokenizer.itos[-1] == "<r:reversed>"
+    assert w.tokenizer.itos[:-1] == load_weights(tmp_path / "p" / "w.safetensors").tokenizer.itos
+    rid = w.tokenizer.stoi["<r:reversed>"]
+    first_char = w.tokenizer.itos[w.tokenizer.n_special]
+    assert w.tokenizer.decode([rid, w.tokenizer.n_special]) == first_char
+    ema = load_weights(tmp_path / "r" / "ema.safetensors")
+    assert ema.version == "step4-ema" and ema.tokenizer.itos == w.tokenizer.itos
+    # the average lags the weights: it differs from them, and its loss is logged beside theirs
+    differs = [not torch.equal(a, b) for a, b in zip(w.model.state_dict().values(),
+                                                     ema.model.state_dict().values(), strict=True)]
+    assert any(differs)
+    assert all("val_loss_weights_ema" in h for h in summary["history"])  # type: ignore[attr-defined]
+    # resuming restores the average from the checkpoint (not a fresh copy of the weights)
+    again = train(_cfg(tmp_path, "r", augment_reverse=True, ema_decay=0.5, max_steps=6), progress=False)
+    assert [h["step"] for h in again["history"]] == [2, 4, 6]  # type: ignore[attr-defined]
+    assert load_weights(tmp_path / "r" / "ema.safetensors").version == "step6-ema"
+
+
+def test_ema_average_follows_its_formula() -> None:
+    from chunlian.training.train import EmaWeights
+
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ema = EmaWeights(model, 0.75)
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    ema.update()  # 0.75 * 1 + 0.25 * 3
+    assert torch.allclose(ema.shadow["weight"], torch.full((1, 2), 1.5))
+    with ema.swapped_in():
+        assert torch.allclose(model.weight, torch.full((1, 2), 1.5))
+    assert torch.allclose(model.weight, torch.full((1, 2), 3.0))
+    with pytest.raises(ValueError, match="ema_decay"):
+        EmaWeights(model, 1.0)

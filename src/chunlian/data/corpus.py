@@ -29,7 +29,7 @@ REGISTERS = ("modern", "classical")
 class Pair:
     upper: str
     lower: str
-    register: str  # "modern" | "classical"
+    register: str  # "modern" | "classical" (training also makes "reversed" pairs)
 
 
 @dataclass

@@ -20,6 +20,10 @@ REGISTER_TOKENS = ("<r:modern>", "<r:classical>")
 STYLE_TOKENS = tuple(f"<s:{s}>" for s in STYLES + TRAIN_ONLY_STYLES)
 SPECIALS: tuple[str, ...] = (PAD, UNK, BOS, SEP, EOS, *REGISTER_TOKENS, *STYLE_TOKENS)
 PREFIX_LEN = 3  # BOS, style, register
+# Optional special tokens, appended after the characters so that vocabularies built
+# without them keep their ids: ``<r:reversed>`` marks a modern pair trained the other way
+# round (下联 as 上联; ``chunlian train --augment-reverse``). Never generated, never decoded.
+EXTRA_SPECIALS: tuple[str, ...] = ("<r:reversed>",)
 
 
 class Tokenizer:
@@ -36,14 +40,21 @@ class Tokenizer:
         self.sep_id = self.stoi[SEP]
         self.eos_id = self.stoi[EOS]
         self.n_special = len(SPECIALS)
+        self.extra_special_ids = frozenset(self.stoi[t] for t in EXTRA_SPECIALS if t in self.stoi)
 
     @classmethod
-    def build(cls, lines: Iterable[str], min_count: int = 2) -> Tokenizer:
+    def build(cls, lines: Iterable[str], min_count: int = 2, extra: Iterable[str] = ()) -> Tokenizer:
+        """Specials, then characters seen ``min_count`` times, then the ``extra`` specials
+        asked for (each one of ``EXTRA_SPECIALS``)."""
         counts: Counter[str] = Counter()
         for line in lines:
             counts.update(line)
         chars = sorted(c for c, n in counts.items() if n >= min_count and c not in SPECIALS)
-        return cls(list(SPECIALS) + chars)
+        extras = list(dict.fromkeys(extra))
+        unknown = [t for t in extras if t not in EXTRA_SPECIALS]
+        if unknown:
+            raise ValueError(f"extra special tokens must be among {EXTRA_SPECIALS}, got {unknown}")
+        return cls(list(SPECIALS) + chars + extras)
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -52,7 +63,7 @@ class Tokenizer:
         return [self.stoi.get(ch, self.unk_id) for ch in text]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return "".join(self.itos[i] for i in ids if i >= self.n_special)
+        return "".join(self.itos[i] for i in ids if i >= self.n_special and i not in self.extra_special_ids)
 
     def style_id(self, style: str) -> int:
         return self.stoi[f"<s:{style}>"]

@@ -14,6 +14,8 @@ import math
 import os
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -61,9 +63,14 @@ class TrainConfig:
     # on embeddings and residual branches (ModelConfig.dropout); None: the init_from
     # weights' own (a continuation keeps their regularisation), 0 from scratch
     dropout: float | None = None
-    # also train on every modern pair the other way round (下联 as 上联): twice the distinct
-    # modern sequences for the same steps (an experiment: the 88k modern pairs are the limit)
+    # also train on every modern pair the other way round (下联 as 上联), under its own
+    # register token <r:reversed>, for reverse_share of the batches (taken from the modern
+    # share): twice the distinct modern sequences (the 88k modern pairs are the limit)
     augment_reverse: bool = False
+    reverse_share: float = 0.3
+    # exponential moving average of the weights (0: off), exported as ema.safetensors next
+    # to the last and best weights; its validation loss is logged beside the model's
+    ema_decay: float = 0.0
 
 
 def encode_batch(
@@ -90,11 +97,51 @@ def encode_batch(
     return idx.to(device), pos.to(device), role.to(device), tgt.to(device), weights.to(device)
 
 
+REVERSED = "reversed"  # the register of reversed pairs (token <r:reversed>)
+
+
 def reversed_pairs(pairs: list[Pair]) -> list[Pair]:
-    """The modern pairs the other way round (the vocabulary, built from both lines, is the
+    """The modern pairs the other way round, in their own register (the characters are the
     same; validation pairs are never among them: they are not in the training split)."""
-    return [Pair(upper=p.lower, lower=p.upper, register=p.register) for p in pairs
+    return [Pair(upper=p.lower, lower=p.upper, register=REVERSED) for p in pairs
             if p.register == "modern" and p.lower != p.upper]
+
+
+class EmaWeights:
+    """An exponential moving average of a model's parameters (fp32, on the model's device):
+    ``ema = decay * ema + (1 - decay) * param`` after each optimiser step. Buffers are not
+    averaged (the model has none that learn)."""
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"ema_decay must be in (0, 1), got {decay}")
+        self.model, self.decay = model, decay
+        self.shadow = {n: p.detach().clone().float() for n, p in model.named_parameters()}
+
+    @torch.no_grad()
+    def update(self) -> None:
+        for n, p in self.model.named_parameters():
+            self.shadow[n].lerp_(p.detach().float(), 1.0 - self.decay)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self.shadow
+
+    def load_state_dict(self, shadow: dict[str, Tensor]) -> None:
+        self.shadow = {n: t.to(self.shadow[n].device) for n, t in shadow.items()}
+
+    @contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """The averaged weights in the model for the block (evaluate, export), then back."""
+        saved = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        with torch.no_grad():
+            for n, p in self.model.named_parameters():
+                p.copy_(self.shadow[n])
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for n, p in self.model.named_parameters():
+                    p.copy_(saved[n])
 
 
 def weighted_loss(logits: Tensor, tgt: Tensor, weights: Tensor) -> Tensor:
@@ -112,17 +159,24 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 class Buckets:
     """Pairs grouped by (register, length), sampled by weight; one bucket per batch."""
 
-    def __init__(self, pairs: list[Pair], classical_share: float, rng: random.Random) -> None:
+    def __init__(
+        self, pairs: list[Pair], classical_share: float, rng: random.Random, reverse_share: float = 0.0
+    ) -> None:
         self.rng = rng
         self.groups: dict[tuple[str, int], list[tuple[Pair, str]]] = {}
         for p in pairs:
             key = (p.register, len(p.upper))
-            self.groups.setdefault(key, []).append((p, derive_style(p.upper, p.lower, p.register)))
+            # a reversed pair's style comes from the forward pair (derive_style reads both lines)
+            register = "modern" if p.register == REVERSED else p.register
+            self.groups.setdefault(key, []).append((p, derive_style(p.upper, p.lower, register)))
         self.keys = sorted(self.groups)
-        tot = {r: sum(len(g) for (rr, _), g in self.groups.items() if rr == r) for r in ("modern", "classical")}
-        share = {"modern": 1.0 - classical_share, "classical": classical_share}
-        if tot["classical"] == 0:
-            share = {"modern": 1.0, "classical": 0.0}
+        tot = {r: sum(len(g) for (rr, _), g in self.groups.items() if rr == r)
+               for r in ("modern", "classical", REVERSED)}
+        share = {"classical": classical_share if tot["classical"] else 0.0,
+                 REVERSED: reverse_share if tot[REVERSED] else 0.0}
+        share["modern"] = 1.0 - share["classical"] - share[REVERSED]
+        if share["modern"] <= 0.0:
+            raise ValueError(f"classical_share + reverse_share must be below 1, got {share}")
         self.weights = [share[r] * len(self.groups[(r, n)]) / max(1, tot[r]) for r, n in self.keys]
 
     def sample(self, batch_pairs: int) -> tuple[list[Pair], list[str]]:
@@ -167,6 +221,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train_pairs = read_pairs(Path(cfg.data_dir) / "train.tsv")
+    forward_pairs = train_pairs  # the vocabulary counts each pair once
     if cfg.augment_reverse:
         train_pairs = train_pairs + reversed_pairs(train_pairs)
     val_pairs = read_pairs(Path(cfg.data_dir) / "val.tsv")
@@ -179,7 +234,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
     elif init is not None:
         tok = init.tokenizer
     else:
-        tok = Tokenizer.build(p.upper + p.lower for p in train_pairs)
+        extra = ["<r:reversed>"] if cfg.augment_reverse else []
+        tok = Tokenizer.build((p.upper + p.lower for p in forward_pairs), extra=extra)
+    if cfg.augment_reverse and "<r:reversed>" not in tok.stoi:
+        raise ValueError("--augment-reverse needs a vocabulary with <r:reversed> (continue from weights trained with it)")
     if init is not None:
         mcfg = init.model.cfg if cfg.dropout is None else replace(init.model.cfg, dropout=cfg.dropout)
     else:
@@ -201,7 +259,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
         step, history, elapsed_s = state["step"], state["history"], state["elapsed_s"]
         rng.setstate(state["rng"])
         torch.set_rng_state(state["torch_rng"])
-    buckets = Buckets(train_pairs, cfg.classical_share, rng)
+    ema = EmaWeights(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+    if ema is not None and state is not None and "ema" in state:
+        ema.load_state_dict(state["ema"])
+    buckets = Buckets(train_pairs, cfg.classical_share, rng,
+                      cfg.reverse_share if cfg.augment_reverse else 0.0)
     model.train()
     t0 = time.perf_counter() - elapsed_s
     bar = tqdm(total=cfg.max_steps, initial=step, disable=not progress, desc="train", smoothing=0.05)
@@ -212,12 +274,17 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
         torch.save(
             {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
              "history": history, "elapsed_s": time.perf_counter() - t0, "rng": rng.getstate(),
-             "torch_rng": torch.get_rng_state(), "vocab": tok.itos, "train_cfg": asdict(cfg)},
+             "torch_rng": torch.get_rng_state(), "vocab": tok.itos, "train_cfg": asdict(cfg),
+             **({"ema": ema.state_dict()} if ema is not None else {})},
             tmp,
         )
         os.replace(tmp, ckpt_path)
         save_weights(Path(cfg.export_path), model, tok, version=f"step{cfg.step_offset + step}",
                      extra={"train_cfg": json.dumps(asdict(cfg))})
+        if ema is not None:
+            with ema.swapped_in():
+                save_weights(out / "ema.safetensors", model, tok, version=f"step{cfg.step_offset + step}-ema",
+                             extra={"train_cfg": json.dumps(asdict(cfg)), "ema_decay": str(cfg.ema_decay)})
 
     # the best validation loss so far: its weights are also kept as best.safetensors (the
     # last step is not always the best once the data has been seen many times)
@@ -235,6 +302,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        if ema is not None:
+            ema.update()
         step += 1
         lv = loss.item()
         loss_ema = lv if loss_ema is None else 0.98 * loss_ema + 0.02 * lv
@@ -244,6 +313,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
             vl = evaluate_loss(model, tok, val_eval, cfg)
             history.append({"step": step, "train_loss_ema": round(loss_ema, 4), "val_loss": round(vl, 4),
                             "elapsed_s": round(time.perf_counter() - t0, 1)})
+            if ema is not None:
+                with ema.swapped_in():
+                    history[-1]["val_loss_weights_ema"] = round(evaluate_loss(model, tok, val_eval, cfg), 4)
             bar.write(json.dumps(history[-1]))
             if vl < best_vl:
                 best_vl = vl
