@@ -54,16 +54,17 @@ def _generator(args: argparse.Namespace) -> Any:
 
     return OfflineGenerator.load(
         args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1),
-        matmul=args.matmul,
+        matmul=args.matmul, channel_weight=getattr(args, "channel", 0.0),
     )
 
 
 # ---- model commands --------------------------------------------------------------------------
 def cmd_generate(args: argparse.Namespace) -> int:
-    from chunlian.offline import check_beam, couplet_request
+    from chunlian.offline import check_beam, check_channel, couplet_request
 
     try:
         check_beam(args.beam)
+        check_channel(args.channel, args.beam)
     except InvalidInput as e:
         return _fail(e.message)
     if args.file is None:
@@ -159,8 +160,12 @@ def _auto_device() -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     from chunlian.training.eval_run import run_eval
 
-    report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
-                      args.batch_size, args.tone_bias, args.beam, args.matmul, args.zodiac_year)
+    try:
+        report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
+                          args.batch_size, args.tone_bias, args.beam, args.matmul, args.zodiac_year,
+                          args.channel)
+    except InvalidInput as e:
+        return _fail(e.message)
     if args.json:
         _dump(report)
     else:
@@ -222,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--json", action="store_true")
     g.add_argument("--beam", type=int, default=1, help="beam width for greedy lines (1: greedy)")
+    g.add_argument("--channel", type=float, default=0.0,
+                   help="rerank the beam's lines by how well each explains the 上联, at this weight (needs --beam)")
     _model_flags(g)
     g.set_defaults(fn=cmd_generate)
 
@@ -273,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--baselines", action="store_true", help="also score a random real lower and gold")
     e.add_argument("--tone-bias", type=float, default=None)
     e.add_argument("--beam", type=int, default=1, help="constrained beam search of this width (1: greedy)")
+    e.add_argument("--channel", type=float, default=0.0,
+                   help="rerank the beam's lines by log p(lower|upper) + W log p(upper|lower) (needs --beam)")
     e.add_argument("--zodiac-year", type=int, default=None,
                    help="apply the zodiac rule of this year (default: none; the validation couplets "
                         "were written for many years)")

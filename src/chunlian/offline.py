@@ -13,6 +13,7 @@ from chunlian.data.blocklist import Blocklist
 from chunlian.engine.request import SeqOutput, expand, simplified_request
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ChunlianError, InvalidInput
+from chunlian.model.beam import BeamResult
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.rerank import build_result
 from chunlian.model.styles import STYLES
@@ -21,6 +22,7 @@ from chunlian.types import CoupletRequest, CoupletResult, DecodeParams
 
 MAX_N = 8
 MAX_BEAM = 32
+MAX_CHANNEL_WEIGHT = 4.0
 
 
 def check_style(style: str) -> str:
@@ -51,6 +53,15 @@ def check_beam(width: int) -> int:
     return width
 
 
+def check_channel(weight: float, beam_width: int) -> float:
+    """A channel-rerank weight (``model.channel``): 0 (off) or positive with a beam."""
+    if not 0.0 <= weight <= MAX_CHANNEL_WEIGHT:
+        raise InvalidInput(f"channel weight must be between 0 and {MAX_CHANNEL_WEIGHT}, got {weight}", "channel")
+    if weight > 0 and beam_width < 2:
+        raise InvalidInput("channel reranking ranks beam candidates: it needs a beam width of 2 or more", "channel")
+    return weight
+
+
 def compose_request(
     heads: str | None = None, keyword: str | None = None, length: int = 7,
     style: str = "traditional", n: int = 1, seed: int | None = None, **kw: object,
@@ -79,11 +90,14 @@ class OfflineGenerator:
     runner: ModelRunner
     hengpi: object | None
     beam_width: int = 1  # > 1: greedy 下联 requests use constrained beam search
+    # > 0 (with beam_width > 1): the beam's candidates are reranked by
+    # log p(lower | upper) + channel_weight * log p(upper | lower) (model.channel)
+    channel_weight: float = 0.0
 
     @classmethod
     def load(
         cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
-        matmul: str = "float32", blocklist: Blocklist | None = None,
+        matmul: str = "float32", blocklist: Blocklist | None = None, channel_weight: float = 0.0,
     ) -> OfflineGenerator:
         """``blocklist``: the bans on generated text (default: ``Settings.generation_blocklist``
         of the environment's settings, as the service applies them)."""
@@ -91,10 +105,11 @@ class OfflineGenerator:
         from chunlian.model.hengpi import HengpiSelector
 
         check_beam(beam_width)
+        check_channel(channel_weight, beam_width)
         loaded = load_weights(model_path, device, matmul)
         bans = load_settings().generation_blocklist() if blocklist is None else blocklist
         runner = ModelRunner(loaded, capacity, device, blocklist=bans)
-        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width)
+        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight)
 
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
         """Results in input order; a request that fails yields its error, not an abort.
@@ -138,8 +153,27 @@ class OfflineGenerator:
             self.loaded, self.runner.constrainer, self.runner.tone_bias,
             max_rows=max(self.runner.capacity, self.beam_width),
         )
-        found = searcher.search([(simplified_request(r).upper or "", r.style) for r in todo], self.beam_width)
+        items = [(simplified_request(r).upper or "", r.style) for r in todo]
+        if self.channel_weight > 0:
+            found = self._channel_rerank(items, searcher.search_nbest(items, self.beam_width))
+        else:
+            found = searcher.search(items, self.beam_width)
         return {  # the searched (simplified) 上联: build_result converts back to what was typed
             id(r): SeqOutput(-1 - i, simplified_request(r).upper or "", b.lower, b.mean_logprob)
             for i, (r, b) in enumerate(zip(todo, found, strict=True))
         }
+
+    def _channel_rerank(
+        self, items: list[tuple[str, str]], nbest: list[list[BeamResult]]
+    ) -> list[BeamResult]:
+        """Each request's candidate with the best ``logprob + channel_weight * channel``."""
+        from chunlian.model.channel import ChannelScorer
+
+        triples = [(upper, h.lower, style) for (upper, style), hyps in zip(items, nbest, strict=True)
+                   for h in hyps]
+        channel = iter(ChannelScorer(self.loaded).score(triples))
+        best = []
+        for hyps in nbest:
+            scored = [(h.logprob + self.channel_weight * next(channel), k) for k, h in enumerate(hyps)]
+            best.append(hyps[max(scored)[1]])
+        return best

@@ -88,6 +88,64 @@ def test_beam_search_keeps_every_rule_and_ignores_its_companions() -> None:
     assert [r.lower for r in searcher(max_rows=8).search(items, 4)] == [t.lower for t in together]
 
 
+def test_nbest_beams_are_distinct_ruled_lines_best_first_and_their_head_is_the_search() -> None:
+    items = [(u, "traditional") for u in UPPERS[:6]]
+    best = searcher().search(items, 4)
+    nbest = searcher().search_nbest(items, 4)
+    for (upper, _), hyps, top in zip(items, nbest, best, strict=True):
+        assert 1 <= len(hyps) <= 4 and len({h.lower for h in hyps}) == len(hyps)
+        assert hyps[0].lower == top.lower
+        assert [h.logprob for h in hyps] == sorted((h.logprob for h in hyps), reverse=True)
+        for h in hyps:
+            assert_rules(upper, h.lower)
+
+
+def test_channel_scores_are_the_reverse_teacher_forced_log_probabilities() -> None:
+    """``log p(upper | lower)`` equals the sum of per-step log-probabilities computed one
+    prefix at a time; a batch of mixed lengths gives each triple what it gets alone."""
+    from chunlian.model.channel import ChannelScorer
+    from chunlian.model.tokenizer import sequence_roles
+
+    loaded = shipped()
+    scorer = ChannelScorer(loaded)
+    assert scorer.register == "modern"  # the shipped weights have no <r:reversed> token
+    tok, model = loaded.tokenizer, loaded.model
+    upper, lower = "春回大地", "福满人间"
+    prompt = tok.prefix("traditional") + tok.encode(lower) + [tok.sep_id]
+    manual = 0.0
+    with torch.inference_mode():
+        for j, ch in enumerate(upper):
+            ids = prompt + tok.encode(upper[:j])
+            idx = torch.tensor([ids])
+            pos = torch.arange(len(ids))[None]
+            role = torch.tensor(sequence_roles(4, j))[None]
+            logp = torch.log_softmax(model(idx, pos, role)[0, -1].float(), dim=-1)
+            manual += float(logp[tok.stoi[ch]])
+    triples = [(upper, lower, "traditional"), ("瑞雪兆丰年", "红梅报早春", "family"),
+               (upper, "花开富贵", "traditional")]
+    together = scorer.score(triples)
+    assert abs(together[0] - manual) < 1e-3
+    assert [round(x, 3) for x in together] == [round(scorer.score([t])[0], 3) for t in triples]
+    assert together[0] > together[2]  # the couplet's own 下联 explains its 上联 better
+    with pytest.raises(ValueError, match="length"):
+        scorer.score([("春回大地", "福满人", "traditional")])
+
+
+def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:
+    from chunlian.offline import OfflineGenerator
+    from chunlian.types import CoupletRequest
+
+    plain = OfflineGenerator.load(None, "cpu", capacity=16, beam_width=4)
+    reranked = OfflineGenerator.load(None, "cpu", capacity=16, beam_width=4, channel_weight=1.0)
+    reqs = [CoupletRequest(upper=u) for u in UPPERS[:6]]
+    nbest = searcher().search_nbest([(u, "traditional") for u in UPPERS[:6]], 4)
+    for req, res, hyps in zip(reqs, reranked.generate(reqs), nbest, strict=True):
+        assert not isinstance(res, Exception)
+        assert_rules(req.upper or "", res.best.lower)
+        assert res.best.lower in {h.lower for h in hyps}
+    assert len(plain.generate(reqs)) == len(reqs)
+
+
 def test_batched_greedy_equals_one_at_a_time() -> None:
     """Padding, masks and per-row positions are right: a batch of mixed lengths (joined as
     rows free up, so prefill and decode mix) gives what each request gets alone."""
@@ -236,6 +294,8 @@ def test_the_cached_prompt_prefix_equals_computing_it_with_the_prompt() -> None:
     (["generate", "春回大地", "--n", "0"], "n must be"),
     (["generate", "春回大地", "--beam", "0"], "beam"),
     (["generate", "春回大地", "--beam", "33"], "beam"),
+    (["generate", "春回大地", "--channel", "1"], "beam width"),
+    (["generate", "春回大地", "--beam", "4", "--channel", "-1"], "channel weight"),
     (["generate", "   "], "upper"),
     (["compose", "--heads", "李明王"], "heads"),
     (["compose", "--heads", "ab"], "heads"),
@@ -269,3 +329,20 @@ def test_bind_thread_sets_the_torch_threads_of_the_step_thread_only() -> None:
     t.join()
     assert seen == [3]
     assert torch.get_num_threads() == 1  # this module's setting, untouched
+
+
+def test_eval_with_channel_reranking_reports_its_weight_and_refuses_it_without_a_beam(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    from pathlib import Path
+
+    data = Path(str(tmp_path)) / "pairs.tsv"
+    data.write_text("upper\tlower\n春回大地\t福满人间\n瑞雪兆丰年\t红梅报早春\n", encoding="utf-8")
+    assert cli_main(["eval", "--data", str(data), "--json", "--beam", "4", "--channel", "0.5"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["beam"] == 4 and report["channel_weight"] == 0.5 and report["pairs"] == 2
+    assert report["length_ok"] == 1.0 and report["no_shared_char"] == 1.0
+    assert cli_main(["eval", "--data", str(data), "--json", "--channel", "0.5"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "beam width of 2 or more" in err

@@ -17,6 +17,7 @@ step the surviving beams' rows are gathered into place (``_reorder``). One cache
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ from chunlian.model.transformer import KVCache
 class BeamResult:
     lower: str
     mean_logprob: float  # over the characters the model chose (forced ones are not scored)
+    logprob: float = 0.0  # the sum (the beam's score)
 
 
 class BeamSearcher:
@@ -51,9 +53,14 @@ class BeamSearcher:
 
     def search(self, items: Sequence[tuple[str, str]], width: int) -> list[BeamResult]:
         """Best 下联 for each ``(upper, style)``, in input order."""
+        return [hyps[0] for hyps in self.search_nbest(items, width)]
+
+    def search_nbest(self, items: Sequence[tuple[str, str]], width: int) -> list[list[BeamResult]]:
+        """The final beams of each ``(upper, style)``, best first (up to ``width`` distinct
+        lines; fewer where the rules leave fewer), in input order."""
         if width < 1:
             raise ValueError(f"beam width must be >= 1, got {width}")
-        out: list[BeamResult | None] = [None] * len(items)
+        out: list[list[BeamResult] | None] = [None] * len(items)
         by_len: dict[int, list[int]] = {}
         for i, (upper, _) in enumerate(items):
             by_len.setdefault(len(upper), []).append(i)
@@ -70,7 +77,7 @@ class BeamSearcher:
         return [r for r in out if r is not None]
 
     @torch.inference_mode()
-    def _group(self, cache: KVCache, items: list[tuple[str, str]], K: int) -> list[BeamResult]:
+    def _group(self, cache: KVCache, items: list[tuple[str, str]], K: int) -> list[list[BeamResult]]:
         """Beam search for requests whose upper lines all have one length ``n``, in the first
         ``len(items) * K`` rows of ``cache``."""
         tok, dev = self.tok, self.device
@@ -131,10 +138,11 @@ class BeamSearcher:
             rl = torch.full((R, 1), lower_role(j + 1), device=dev)
             m = torch.ones(R, 1, step_pos + 1, dtype=torch.bool, device=dev)
             logits = self.model(feed, p, rl, m, cache, cache_pos=p[:, 0])[:, 0]  # [R, V]
-        best = score.argmax(dim=1).tolist()
-        top = score.max(dim=1).values.tolist()
+        # topk keeps every request's beams sorted, best first; dead slots (-inf) are dropped
+        score_l = score.tolist()
         return [
-            BeamResult(states[b * K + best[b]].lower, top[b] / max(1, n_scored))
+            [BeamResult(states[b * K + k].lower, score_l[b][k] / max(1, n_scored), score_l[b][k])
+             for k in range(K) if math.isfinite(score_l[b][k])]
             for b in range(B)
         ]
 

@@ -40,7 +40,7 @@ def read_eval_pairs(path: Path, limit: int | None) -> list[tuple[str, str]]:
 def run_eval(
     data: Path, limit: int | None = None, model_path: Path | None = None, device: str = "cpu",
     baselines: bool = False, batch_size: int = 64, tone_bias: float | None = None,
-    beam: int = 1, matmul: str = "float32", zodiac_year: int | None = None,
+    beam: int = 1, matmul: str = "float32", zodiac_year: int | None = None, channel_weight: float = 0.0,
 ) -> dict[str, Any]:
     from chunlian.offline import OfflineGenerator
 
@@ -52,7 +52,7 @@ def run_eval(
     # (BLEU-4 3.29 without, 3.12 with 2027's rule, on the 2,000 validation pairs)
     bans = with_zodiac(default_blocklist(), zodiac_year)
     gen = OfflineGenerator.load(model_path, device, capacity=batch_size, beam_width=beam, matmul=matmul,
-                                blocklist=bans)
+                                blocklist=bans, channel_weight=channel_weight)
     if tone_bias is not None:
         gen.runner.tone_bias = tone_bias
     uppers = [u for u, _ in pairs]
@@ -64,6 +64,8 @@ def run_eval(
     report: dict[str, Any] = {**compute_metrics(uppers, hyps, refs), "seconds": round(seconds, 2)}
     if beam > 1:
         report["beam"] = beam
+    if channel_weight > 0:
+        report["channel_weight"] = channel_weight
     if zodiac_year is not None:
         report["zodiac_year"] = zodiac_year
     if gen.loaded.matmul != "float32":
