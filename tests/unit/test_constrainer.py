@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from chunlian.data.blocklist import Blocklist
+from chunlian.engine.prefill import PREFILL_FIXED_TOKENS, prefill_chunks
 from chunlian.engine.request import SeqSpec
-from chunlian.engine.runner import PREFILL_FIXED_TOKENS, prefill_chunks
 from chunlian.model.decoding import Constrainer, LineState
 from chunlian.model.tokenizer import Tokenizer
 from chunlian.text import tone_class

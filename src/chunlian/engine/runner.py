@@ -23,9 +23,7 @@ answer is still returned at once, and its rule work is skipped.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,14 +31,15 @@ import torch
 from torch import Tensor
 
 from chunlian.data.blocklist import Blocklist, default_blocklist
+from chunlian.engine.prefill import GROUP_FIXED_TOKENS, prefill_chunks
 from chunlian.engine.request import SeqOutput, SeqSpec
+from chunlian.engine.sampling import MAX_BATCHED_TOP_K, sample_one, sample_top_k
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.decoding import Constrainer, LineState
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.model.transformer import GroupInput, KVCache
 
 DEFAULT_TONE_BIAS = 2.0
-MAX_BATCHED_TOP_K = 1024  # rows sampling with a larger (or no) top-k take the per-row path
 
 
 @dataclass
@@ -304,9 +303,10 @@ class ModelRunner:
             batched = [b for b in sampled if 0 < rows[b].spec.top_k <= MAX_BATCHED_TOP_K]
             if batched:
                 sel = torch.tensor(batched, device=logits.device)
-                choice[sel] = self._sample_top_k(logits[sel], [rows[b] for b in batched])
+                choice[sel] = sample_top_k(logits[sel], [rows[b].spec for b in batched],
+                                           [rows[b].gen for b in batched])
             for b in sorted(set(sampled) - set(batched)):
-                choice[b] = self._sample(logits[b], rows[b])
+                choice[b] = sample_one(logits[b], rows[b].spec, rows[b].gen)
         choice_l = choice.tolist()
         chosen_lp = self._chosen_logprobs(logits, choice, rows, forced)
         finished: list[SeqOutput] = []
@@ -361,50 +361,6 @@ class ModelRunner:
         lp = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None])[:, 0].tolist()
         return dict(zip(want, lp, strict=True))
 
-    def _sample_top_k(self, logits: Tensor, rows: list[_Row]) -> Tensor:
-        """Top-k, then top-p, sampling for several rows at once (``[S, V]`` -> ``[S]`` ids).
-
-        One ``topk`` over the batch instead of a few ops per row; each row's draw is one
-        uniform number from its own generator (inverse CDF), so a request's output depends
-        on its seed only, never on its batch companions.
-        """
-        k_max = max(r.spec.top_k for r in rows)
-        temps = torch.tensor([max(r.spec.temperature, 1e-4) for r in rows], device=logits.device)
-        vals, ids = torch.topk(logits / temps[:, None], min(k_max, logits.shape[1]), dim=-1)  # [S, K]
-        K = vals.shape[1]
-        rank = torch.arange(K, device=logits.device)[None, :]
-        k_row = torch.tensor([r.spec.top_k for r in rows], device=logits.device)[:, None]
-        vals = vals.masked_fill(rank >= k_row, float("-inf"))
-        probs = torch.softmax(vals, dim=-1)  # sorted, descending
-        top_p = torch.tensor([r.spec.top_p for r in rows], device=logits.device)[:, None]
-        vals = vals.masked_fill(probs.cumsum(dim=-1) - probs > top_p, float("-inf"))  # keeps rank 0
-        cdf = torch.softmax(vals, dim=-1).cumsum(dim=-1).cpu()  # [S, K]
-        u = torch.cat([torch.rand(1, generator=r.gen) for r in rows])[:, None] * cdf[:, -1:]
-        pick = torch.searchsorted(cdf, u).clamp_(max=K - 1).to(logits.device)  # [S, 1]
-        out = ids.gather(1, pick)[:, 0]
-        # a row with no finite choice (cannot happen with the rules' fallback) keeps its argmax
-        bad = ~torch.isfinite(vals[:, 0])
-        if bool(bad.any()):
-            out[bad] = logits[bad].argmax(dim=-1)
-        return out
-
-    def _sample(self, logits: Tensor, row: _Row) -> int:
-        s = row.spec
-        x = logits / max(s.temperature, 1e-4)
-        if s.top_k and s.top_k < x.numel():
-            kth = torch.topk(x, s.top_k).values[-1]
-            x = x.masked_fill(x < kth, float("-inf"))
-        if s.top_p < 1.0:
-            sorted_x, order = torch.sort(x, descending=True)
-            cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
-            cut = cum - torch.softmax(sorted_x, dim=-1) > s.top_p
-            sorted_x = sorted_x.masked_fill(cut, float("-inf"))
-            x = torch.full_like(x, float("-inf")).scatter(0, order, sorted_x)
-        probs = torch.softmax(x, dim=-1).cpu()
-        if not math.isfinite(float(probs.sum())):
-            return int(torch.argmax(logits))
-        return int(torch.multinomial(probs, 1, generator=row.gen))
-
     # ---- offline helper ----------------------------------------------------------------
     def run_all(self, specs: list[SeqSpec]) -> dict[int, SeqOutput]:
         """Generate every spec, admitting new ones as rows free up (CLI, eval, warm-up)."""
@@ -418,45 +374,6 @@ class ModelRunner:
             for o in self.step(batch):
                 out[o.seq_id] = o
         return out
-
-
-# Cost model of one prefill forward on this CPU (measured: 2-3 ms fixed, about 45 us per
-# prompt token at 2 threads), in prompt tokens: a split pays for itself when it saves more
-# padded tokens than this.
-PREFILL_FIXED_TOKENS = 56
-# The same for one more group of a fused step (``ModelRunner.step``): only its attention
-# ops are its own, the linear layers are shared. Measured on the 800-line mix at 256 rows
-# (paired runs, one core each): 56 or a single group were 6-20% slower, 4 the same.
-GROUP_FIXED_TOKENS = 12
-
-
-def prefill_chunks(
-    specs: list[SeqSpec], length: Callable[[SeqSpec], int], fixed_tokens: int = PREFILL_FIXED_TOKENS
-) -> list[list[SeqSpec]]:
-    """Split a prefill into runs of similar prompt length, minimising padded tokens plus a
-    fixed cost per forward or group (dynamic programming over the distinct lengths, sorted)."""
-    by_len: dict[int, list[SeqSpec]] = {}
-    for s in specs:
-        by_len.setdefault(length(s), []).append(s)
-    lens = sorted(by_len)
-    counts = [len(by_len[n]) for n in lens]
-    # best[j]: cost of lengths[:j]; a chunk lens[i:j] costs FIXED + lens[j-1] * its rows
-    best = [0.0] + [math.inf] * len(lens)
-    cut = [0] * (len(lens) + 1)
-    for j in range(1, len(lens) + 1):
-        rows = 0
-        for i in range(j - 1, -1, -1):
-            rows += counts[i]
-            c = best[i] + fixed_tokens + lens[j - 1] * rows
-            if c < best[j]:
-                best[j], cut[j] = c, i
-    chunks: list[list[SeqSpec]] = []
-    j = len(lens)
-    while j > 0:
-        i = cut[j]
-        chunks.append([s for n in lens[i:j] for s in by_len[n]])
-        j = i
-    return chunks[::-1]
 
 
 def single_threaded_here() -> None:
