@@ -55,6 +55,7 @@ def _generator(args: argparse.Namespace) -> Any:
     return OfflineGenerator.load(
         args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1),
         matmul=args.matmul, channel_weight=getattr(args, "channel", 0.0),
+        ensemble=tuple(getattr(args, "ensemble", None) or ()),
     )
 
 
@@ -163,7 +164,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
                           args.batch_size, args.tone_bias, args.beam, args.matmul, args.zodiac_year,
-                          args.channel)
+                          args.channel, tuple(args.ensemble or ()))
     except InvalidInput as e:
         return _fail(e.message)
     if args.json:
@@ -227,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--json", action="store_true")
     g.add_argument("--beam", type=int, default=1, help="beam width for greedy lines (1: greedy)")
+    g.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
+                   help="average these weights' predictions with the model's (beam path; repeatable)")
     g.add_argument("--channel", type=float, default=0.0,
                    help="rerank the beam's lines by how well each explains the 上联, at this weight (needs --beam)")
     _model_flags(g)
@@ -280,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--baselines", action="store_true", help="also score a random real lower and gold")
     e.add_argument("--tone-bias", type=float, default=None)
     e.add_argument("--beam", type=int, default=1, help="constrained beam search of this width (1: greedy)")
+    e.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
+                   help="average these weights' predictions with the model's (beam path; repeatable)")
     e.add_argument("--channel", type=float, default=0.0,
                    help="rerank the beam's lines by log p(lower|upper) + W log p(upper|lower) (needs --beam)")
     e.add_argument("--zodiac-year", type=int, default=None,

@@ -93,11 +93,15 @@ class OfflineGenerator:
     # > 0 (with beam_width > 1): the beam's candidates are reranked by
     # log p(lower | upper) + channel_weight * log p(upper | lower) (model.channel)
     channel_weight: float = 0.0
+    # more models averaged with this one's in the beam search (and the channel scores):
+    # an ensemble; their requests take the beam path even at width 1 (greedy)
+    members: tuple[LoadedModel, ...] = ()
 
     @classmethod
     def load(
         cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
         matmul: str = "float32", blocklist: Blocklist | None = None, channel_weight: float = 0.0,
+        ensemble: tuple[Path, ...] = (),
     ) -> OfflineGenerator:
         """``blocklist``: the bans on generated text (default: ``Settings.generation_blocklist``
         of the environment's settings, as the service applies them)."""
@@ -109,7 +113,8 @@ class OfflineGenerator:
         loaded = load_weights(model_path, device, matmul)
         bans = load_settings().generation_blocklist() if blocklist is None else blocklist
         runner = ModelRunner(loaded, capacity, device, blocklist=bans)
-        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight)
+        members = tuple(load_weights(p, device, matmul) for p in ensemble)
+        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight, members)
 
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
         """Results in input order; a request that fails yields its error, not an abort.
@@ -142,7 +147,7 @@ class OfflineGenerator:
     def _beam(self, requests: list[CoupletRequest]) -> dict[int, SeqOutput]:
         """Beam-searched outputs of the eligible requests, keyed by ``id(request)``; their
         sequence ids are negative so they never meet the runner's (1, 2, ...)."""
-        if self.beam_width <= 1:
+        if self.beam_width <= 1 and not self.members:
             return {}
         todo = [r for r in requests if r.upper is not None and r.params.greedy]
         if not todo:
@@ -151,7 +156,7 @@ class OfflineGenerator:
 
         searcher = BeamSearcher(
             self.loaded, self.runner.constrainer, self.runner.tone_bias,
-            max_rows=max(self.runner.capacity, self.beam_width),
+            max_rows=max(self.runner.capacity, self.beam_width), members=self.members,
         )
         items = [(simplified_request(r).upper or "", r.style) for r in todo]
         if self.channel_weight > 0:
@@ -171,7 +176,9 @@ class OfflineGenerator:
 
         triples = [(upper, h.lower, style) for (upper, style), hyps in zip(items, nbest, strict=True)
                    for h in hyps]
-        channel = iter(ChannelScorer(self.loaded).score(triples))
+        scorers = [ChannelScorer(m) for m in (self.loaded, *self.members)]
+        per_model = [sc.score(triples) for sc in scorers]
+        channel = iter([sum(col) / len(col) for col in zip(*per_model, strict=True)])
         best = []
         for hyps in nbest:
             scored = [(h.logprob + self.channel_weight * next(channel), k) for k, h in enumerate(hyps)]

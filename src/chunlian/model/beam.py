@@ -38,10 +38,16 @@ class BeamResult:
 
 
 class BeamSearcher:
-    """Beam search over one loaded model; ``max_rows`` bounds beams in flight (requests x width)."""
+    """Beam search over one loaded model; ``max_rows`` bounds beams in flight (requests x width).
+
+    ``members``: more models whose next-character distributions are averaged with the
+    first's (an ensemble: the mean of their log-probabilities, over the characters the
+    vocabularies share, which must be the first model's in the same order), each with its
+    own KV cache. Without members the first model's logits are used as they are."""
 
     def __init__(
         self, loaded: LoadedModel, constrainer: Constrainer, tone_bias: float, max_rows: int = 256,
+        members: Sequence[LoadedModel] = (),
     ) -> None:
         self.model = loaded.model.eval()
         self.tok = loaded.tokenizer
@@ -49,7 +55,24 @@ class BeamSearcher:
         self.tone_bias = tone_bias
         self.max_rows = max_rows
         self.device = next(self.model.parameters()).device
-        self._cache: KVCache | None = None  # allocated at the first search, then reused
+        self.models = [self.model, *(m.model.eval() for m in members)]
+        self.shared_vocab = min(len(m.tokenizer) for m in (loaded, *members))
+        for m in members:
+            if m.tokenizer.itos[: self.shared_vocab] != self.tok.itos[: self.shared_vocab]:
+                raise ValueError(f"ensemble member {m.tag} has another vocabulary than {loaded.tag}")
+        self._caches: list[KVCache] = []  # one per model, allocated at the first search, then reused
+
+    def _forward(self, caches: list[KVCache], *args: Tensor | None, **kw: Tensor) -> Tensor:
+        """``model(*args, cache, **kw)`` of every model, combined (class docstring)."""
+        if len(self.models) == 1:
+            return self.models[0](*args, caches[0], **kw)  # type: ignore[no-any-return]
+        V = self.shared_vocab
+        lp = torch.stack([torch.log_softmax(m(*args, c, **kw)[..., :V].float(), dim=-1)
+                          for m, c in zip(self.models, caches, strict=True)]).mean(dim=0)
+        extra = len(self.tok) - V  # the first model's own specials (never generated)
+        if extra:
+            lp = torch.cat([lp, lp.new_full((*lp.shape[:-1], extra), float("-inf"))], dim=-1)
+        return lp
 
     def search(self, items: Sequence[tuple[str, str]], width: int) -> list[BeamResult]:
         """Best 下联 for each ``(upper, style)``, in input order."""
@@ -66,20 +89,20 @@ class BeamSearcher:
             by_len.setdefault(len(upper), []).append(i)
         per_group = max(1, self.max_rows // width)
         rows = per_group * width
-        if self._cache is None or self._cache.rows < rows:
-            self._cache = KVCache(self.model.cfg, rows, self.device, torch.float32)
-        cache = self._cache
+        if not self._caches or self._caches[0].rows < rows:
+            self._caches = [KVCache(m.cfg, rows, self.device, torch.float32) for m in self.models]
+        caches = self._caches
         for idxs in by_len.values():
             for start in range(0, len(idxs), per_group):
                 chunk = idxs[start : start + per_group]
-                for i, res in zip(chunk, self._group(cache, [items[i] for i in chunk], width), strict=True):
+                for i, res in zip(chunk, self._group(caches, [items[i] for i in chunk], width), strict=True):
                     out[i] = res
         return [r for r in out if r is not None]
 
     @torch.inference_mode()
-    def _group(self, cache: KVCache, items: list[tuple[str, str]], K: int) -> list[list[BeamResult]]:
+    def _group(self, caches: list[KVCache], items: list[tuple[str, str]], K: int) -> list[list[BeamResult]]:
         """Beam search for requests whose upper lines all have one length ``n``, in the first
-        ``len(items) * K`` rows of ``cache``."""
+        ``len(items) * K`` rows of each model's cache."""
         tok, dev = self.tok, self.device
         B, n = len(items), len(items[0][0])
         R = B * K
@@ -91,11 +114,11 @@ class BeamSearcher:
         role = torch.tensor(roles, device=dev).expand(B, T)
         mask = torch.ones(T, T, dtype=torch.bool, device=dev).tril().expand(B, T, T)
         last = torch.full((B,), T - 1, device=dev)
-        logits = self.model(idx, pos, role, mask, cache, select=last)  # [B, V]
+        logits = self._forward(caches, idx, pos, role, mask, select=last)  # [B, V]
         # every request's prompt state copied into its K beam rows
         expand = torch.arange(B, device=dev).repeat_interleave(K)  # [R]
-        cache.k[:, :R] = cache.k[:, expand]
-        cache.v[:, :R] = cache.v[:, expand]
+        for cache in caches:
+            self._reorder(cache, expand)
         logits = logits[expand]
         states = [LineState(style=style, upper=upper, upper_len=n) for upper, style in items for _ in range(K)]
         # only beam 0 of each request is live at the start (the K copies are identical)
@@ -121,7 +144,8 @@ class BeamSearcher:
             flat = torch.where(torch.isfinite(score), flat, flat[:, :1])
             beam, ids = flat // V, flat % V
             src = (torch.arange(B, device=dev)[:, None] * K + beam).reshape(R)  # [R]
-            self._reorder(cache, src)
+            for cache in caches:
+                self._reorder(cache, src)
             src_l, ids_l = src.tolist(), ids.reshape(R).tolist()
             new_states = []
             for r in range(R):
@@ -137,7 +161,7 @@ class BeamSearcher:
             p = torch.full((R, 1), step_pos, device=dev)
             rl = torch.full((R, 1), lower_role(j + 1), device=dev)
             m = torch.ones(R, 1, step_pos + 1, dtype=torch.bool, device=dev)
-            logits = self.model(feed, p, rl, m, cache, cache_pos=p[:, 0])[:, 0]  # [R, V]
+            logits = self._forward(caches, feed, p, rl, m, cache_pos=p[:, 0])[:, 0]  # [R, V]
         # topk keeps every request's beams sorted, best first; dead slots (-inf) are dropped
         score_l = score.tolist()
         return [
