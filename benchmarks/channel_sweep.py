@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=8)
     ap.add_argument("--weights", type=float, nargs="+", default=[0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0])
     ap.add_argument("--model", type=Path, default=None, help="weights (default: the shipped ones)")
+    ap.add_argument("--ensemble", type=Path, action="append", default=[],
+                    help="more weights averaged with --model's (as chunlian eval --ensemble)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -52,15 +54,16 @@ def main() -> None:
             continue
         if len(pairs) == args.pairs:
             break
-    gen = OfflineGenerator.load(args.model, "cpu", capacity=64)
+    gen = OfflineGenerator.load(args.model, "cpu", capacity=64, ensemble=tuple(args.ensemble))
     searcher = BeamSearcher(gen.loaded, gen.runner.constrainer, gen.runner.tone_bias,
-                            max_rows=max(64, args.beam))
+                            max_rows=max(64, args.beam), members=gen.members)
     t0 = time.perf_counter()
     nbest = searcher.search_nbest([(u, "traditional") for u, _ in pairs], args.beam)
     beam_s = time.perf_counter() - t0
     triples = [(u, h.lower, "traditional") for (u, _), hyps in zip(pairs, nbest, strict=True) for h in hyps]
     t0 = time.perf_counter()
-    flat = ChannelScorer(gen.loaded).score(triples)
+    per_model = [ChannelScorer(m).score(triples) for m in (gen.loaded, *gen.members)]
+    flat = [sum(col) / len(col) for col in zip(*per_model, strict=True)]
     channel_s = time.perf_counter() - t0
     channel, at = [], 0
     for hyps in nbest:
@@ -75,7 +78,8 @@ def main() -> None:
         table.append({"weight": w, **m})
         print(json.dumps({"weight": w, "bleu4": m["bleu4"], "bleu1": m["bleu1"],
                           "pingze_opposition": m["pingze_opposition"], "ends_ping": m["ends_ping"]}))
-    report = {"data": args.data, "half": args.half, "seed": args.seed, "pairs": len(pairs), "beam": args.beam, "model": gen.loaded.tag,
+    report = {"data": args.data, "half": args.half, "seed": args.seed, "pairs": len(pairs), "beam": args.beam,
+              "model": gen.loaded.tag, "ensemble": [m.tag for m in gen.members],
               "channel_register": ChannelScorer(gen.loaded).register,
               "beam_s": round(beam_s, 1), "channel_s": round(channel_s, 1), "table": table}
     if args.out:
