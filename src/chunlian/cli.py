@@ -49,6 +49,21 @@ def _print_result(res: Any, as_json: bool) -> None:
         print(f"  #{i} {c.upper} / {c.lower}  [{c.hengpi}]")
 
 
+def _apply_quality(args: argparse.Namespace) -> None:
+    """``--quality``: the preset's weights, beam and channel weight where not given."""
+    if not getattr(args, "quality", False):
+        return
+    from chunlian.model.checkpoint import QUALITY_WEIGHTS
+    from chunlian.offline import QUALITY
+
+    if args.model_path is None:
+        args.model_path = QUALITY_WEIGHTS
+    if args.beam == 1:
+        args.beam = QUALITY.beam_width
+    if args.channel == 0.0:
+        args.channel = QUALITY.channel_weight
+
+
 def _generator(args: argparse.Namespace) -> Any:
     from chunlian.offline import OfflineGenerator
 
@@ -63,6 +78,7 @@ def _generator(args: argparse.Namespace) -> Any:
 def cmd_generate(args: argparse.Namespace) -> int:
     from chunlian.offline import check_beam, check_channel, couplet_request
 
+    _apply_quality(args)
     try:
         check_beam(args.beam)
         check_channel(args.channel, args.beam)
@@ -161,6 +177,7 @@ def _auto_device() -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     from chunlian.training.eval_run import run_eval
 
+    _apply_quality(args)
     try:
         report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
                           args.batch_size, args.tone_bias, args.beam, args.matmul, args.zodiac_year,
@@ -228,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--json", action="store_true")
     g.add_argument("--beam", type=int, default=1, help="beam width for greedy lines (1: greedy)")
+    g.add_argument("--quality", action="store_true",
+                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower)")
     g.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
                    help="average these weights' predictions with the model's (beam path; repeatable)")
     g.add_argument("--channel", type=float, default=0.0,
@@ -283,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--baselines", action="store_true", help="also score a random real lower and gold")
     e.add_argument("--tone-bias", type=float, default=None)
     e.add_argument("--beam", type=int, default=1, help="constrained beam search of this width (1: greedy)")
+    e.add_argument("--quality", action="store_true",
+                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower)")
     e.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
                    help="average these weights' predictions with the model's (beam path; repeatable)")
     e.add_argument("--channel", type=float, default=0.0,

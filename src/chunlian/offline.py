@@ -25,6 +25,18 @@ MAX_BEAM = 32
 MAX_CHANNEL_WEIGHT = 4.0
 
 
+@dataclass(frozen=True)
+class QualityPreset:
+    """The offline quality mode (``--quality``): slower, closer to real couplets. Chosen on
+    one half of the validation split (``benchmarks/channel_sweep.py --half a``)."""
+
+    beam_width: int = 32
+    channel_weight: float = 0.5
+
+
+QUALITY = QualityPreset()
+
+
 def check_style(style: str) -> str:
     if style not in STYLES:
         raise InvalidInput(f"unknown style {style!r}; expected one of {', '.join(STYLES)}", "style")

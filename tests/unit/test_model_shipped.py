@@ -366,3 +366,11 @@ def test_eval_with_channel_reranking_reports_its_weight_and_refuses_it_without_a
     assert cli_main(["eval", "--data", str(data), "--json", "--channel", "0.5"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "beam width of 2 or more" in err
+    # the quality preset: the reverse-trained weights, a beam of 32, channel weight 0.5
+    assert cli_main(["eval", "--data", str(data), "--json", "--quality"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"] == "chunlian-couplet@rev-step9000"
+    assert report["beam"] == 32 and report["channel_weight"] == 0.5 and report["no_shared_char"] == 1.0
+    assert cli_main(["generate", "春回大地", "--quality", "--json"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["upper"] == "春回大地" and len(line["lower"]) == 4 and len(line["hengpi"]) == 4

@@ -62,7 +62,8 @@ def run_eval(
     results = gen.generate([CoupletRequest(upper=u) for u in uppers])
     seconds = time.perf_counter() - t0
     hyps = ["" if isinstance(r, ChunlianError) else r.best.lower for r in results]
-    report: dict[str, Any] = {**compute_metrics(uppers, hyps, refs), "seconds": round(seconds, 2)}
+    report: dict[str, Any] = {**compute_metrics(uppers, hyps, refs), "seconds": round(seconds, 2),
+                              "model": gen.loaded.tag}
     if beam > 1:
         report["beam"] = beam
     if channel_weight > 0:
