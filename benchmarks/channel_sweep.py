@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="weights (default: the shipped ones)")
     ap.add_argument("--ensemble", type=Path, action="append", default=[],
                     help="more weights averaged with --model's (as chunlian eval --ensemble)")
+    ap.add_argument("--tone-bias", type=float, default=None, help="the 平仄 soft bias (default: the runner's)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -55,7 +56,8 @@ def main() -> None:
         if len(pairs) == args.pairs:
             break
     gen = OfflineGenerator.load(args.model, "cpu", capacity=64, ensemble=tuple(args.ensemble))
-    searcher = BeamSearcher(gen.loaded, gen.runner.constrainer, gen.runner.tone_bias,
+    tone_bias = gen.runner.tone_bias if args.tone_bias is None else args.tone_bias
+    searcher = BeamSearcher(gen.loaded, gen.runner.constrainer, tone_bias,
                             max_rows=max(64, args.beam), members=gen.members)
     t0 = time.perf_counter()
     nbest = searcher.search_nbest([(u, "traditional") for u, _ in pairs], args.beam)
@@ -79,7 +81,7 @@ def main() -> None:
         print(json.dumps({"weight": w, "bleu4": m["bleu4"], "bleu1": m["bleu1"],
                           "pingze_opposition": m["pingze_opposition"], "ends_ping": m["ends_ping"]}))
     report = {"data": args.data, "half": args.half, "seed": args.seed, "pairs": len(pairs), "beam": args.beam,
-              "model": gen.loaded.tag, "ensemble": [m.tag for m in gen.members],
+              "model": gen.loaded.tag, "ensemble": [m.tag for m in gen.members], "tone_bias": tone_bias,
               "channel_register": ChannelScorer(gen.loaded).register,
               "beam_s": round(beam_s, 1), "channel_s": round(channel_s, 1), "table": table}
     if args.out:
