@@ -50,7 +50,9 @@ def _print_result(res: Any, as_json: bool) -> None:
 
 
 def _apply_quality(args: argparse.Namespace) -> None:
-    """``--quality``: the preset's weights, beam and channel weight where not given."""
+    """``--quality``: the preset's weights, beam and channel weight, each unless given: a
+    ``--model-path``, a ``--beam`` above 1 or a ``--channel`` above 0 given with it wins
+    (``--beam 1`` cannot be told from the default, so it still searches 32 wide)."""
     if not getattr(args, "quality", False):
         return
     from chunlian.model.checkpoint import QUALITY_WEIGHTS
@@ -154,6 +156,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.dropout is not None and not 0.0 <= args.dropout < 1.0:
         return _fail(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.reverse_share is not None and not 0.0 <= args.reverse_share < 0.7:
+        return _fail(f"--reverse-share must be in [0, 0.7) (the classical share is 0.3), got {args.reverse_share}")
+    if args.ema_decay is not None and not 0.0 <= args.ema_decay < 1.0:
+        return _fail(f"--ema-decay must be in [0, 1) (0: off), got {args.ema_decay}")
     cfg = TrainConfig(data_dir=args.data, out_dir=args.out, export_path=args.export)
     if args.max_steps:
         cfg.max_steps = args.max_steps
@@ -163,7 +169,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if value is not None:  # given on the command line (0 included)
             setattr(cfg, name, value)
     cfg.device = args.device if args.device != "auto" else _auto_device()
-    summary = train(cfg, progress=not args.quiet)
+    try:
+        summary = train(cfg, progress=not args.quiet)
+    except ValueError as e:  # a configuration the data or the --init-from weights cannot take
+        return _fail(str(e))
     _dump({k: v for k, v in summary.items() if k != "history"})
     return 0
 
@@ -246,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
     g.add_argument("--beam", type=int, default=1, help="beam width for greedy lines (1: greedy)")
     g.add_argument("--quality", action="store_true",
-                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower)")
+                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower; "
+                        "a --model-path, --beam above 1 or --channel above 0 given with it wins)")
     g.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
                    help="average these weights' predictions with the model's (beam path; repeatable)")
     g.add_argument("--channel", type=float, default=0.0,
@@ -303,7 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--tone-bias", type=float, default=None)
     e.add_argument("--beam", type=int, default=1, help="constrained beam search of this width (1: greedy)")
     e.add_argument("--quality", action="store_true",
-                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower)")
+                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower; "
+                        "a --model-path, --beam above 1 or --channel above 0 given with it wins)")
     e.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
                    help="average these weights' predictions with the model's (beam path; repeatable)")
     e.add_argument("--channel", type=float, default=0.0,

@@ -83,6 +83,10 @@ def test_train_refuses_a_dropout_outside_0_to_1(capsys: pytest.CaptureFixture[st
 
     assert main(["train", "--dropout", "1.5"]) == 2
     assert "--dropout must be in [0, 1), got 1.5" in capsys.readouterr().err
+    assert main(["train", "--augment-reverse", "--reverse-share", "0.8"]) == 2
+    assert "--reverse-share must be in [0, 0.7)" in capsys.readouterr().err
+    assert main(["train", "--ema-decay", "1.0"]) == 2
+    assert "--ema-decay must be in [0, 1)" in capsys.readouterr().err
 
 
 def test_reversed_pairs_are_modern_training_pairs_the_other_way_round() -> None:
@@ -138,6 +142,21 @@ def test_augment_reverse_adds_the_register_token_after_the_characters_and_ema_is
     again = train(_cfg(tmp_path, "r", augment_reverse=True, ema_decay=0.5, max_steps=6), progress=False)
     assert [h["step"] for h in again["history"]] == [2, 4, 6]  # type: ignore[attr-defined]
     assert load_weights(tmp_path / "r" / "ema.safetensors").version == "step6-ema"
+
+
+def test_augment_reverse_from_weights_without_the_register_token_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from chunlian.cli import main
+
+    _data(tmp_path)
+    train(_cfg(tmp_path, "a"), progress=False)
+    code = main(["train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "b"), "--quiet",
+                 "--export", str(tmp_path / "b" / "w.safetensors"), "--max-steps", "2", "--augment-reverse",
+                 "--init-from", str(tmp_path / "a" / "w.safetensors")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "<r:reversed>" in err
 
 
 def test_ema_average_follows_its_formula() -> None:
