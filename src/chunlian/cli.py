@@ -234,6 +234,19 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _search_flags(p: argparse.ArgumentParser) -> None:
+    """Offline search: beam, channel reranking, ensembles and the quality preset."""
+    p.add_argument("--beam", type=int, default=1, help="constrained beam search of this width for greedy lines (1: greedy)")
+    p.add_argument("--channel", type=float, default=0.0,
+                   help="rerank the beam's lines by log p(lower|upper) + W log p(upper|lower), "
+                        "how well each explains the 上联 (needs --beam)")
+    p.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
+                   help="average these weights' predictions with the model's (beam path; repeatable)")
+    p.add_argument("--quality", action="store_true",
+                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower; "
+                        "a --model-path, --beam above 1 or --channel above 0 given with it wins)")
+
+
 def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", type=Path, default=None, help="weights (default: shipped)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
@@ -253,14 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n", type=int, default=1)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--json", action="store_true")
-    g.add_argument("--beam", type=int, default=1, help="beam width for greedy lines (1: greedy)")
-    g.add_argument("--quality", action="store_true",
-                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower; "
-                        "a --model-path, --beam above 1 or --channel above 0 given with it wins)")
-    g.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
-                   help="average these weights' predictions with the model's (beam path; repeatable)")
-    g.add_argument("--channel", type=float, default=0.0,
-                   help="rerank the beam's lines by how well each explains the 上联, at this weight (needs --beam)")
+    _search_flags(g)
     _model_flags(g)
     g.set_defaults(fn=cmd_generate)
 
@@ -311,14 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     e.add_argument("--baselines", action="store_true", help="also score a random real lower and gold")
     e.add_argument("--tone-bias", type=float, default=None)
-    e.add_argument("--beam", type=int, default=1, help="constrained beam search of this width (1: greedy)")
-    e.add_argument("--quality", action="store_true",
-                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower; "
-                        "a --model-path, --beam above 1 or --channel above 0 given with it wins)")
-    e.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
-                   help="average these weights' predictions with the model's (beam path; repeatable)")
-    e.add_argument("--channel", type=float, default=0.0,
-                   help="rerank the beam's lines by log p(lower|upper) + W log p(upper|lower) (needs --beam)")
+    _search_flags(e)
     e.add_argument("--zodiac-year", type=int, default=None,
                    help="apply the zodiac rule of this year (default: none; the validation couplets "
                         "were written for many years)")
