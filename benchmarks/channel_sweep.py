@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 from chunlian.data.corpus import read_pairs
+from chunlian.errors import InvalidInput
 from chunlian.model.beam import BeamSearcher
-from chunlian.model.channel import ChannelScorer
+from chunlian.model.channel import ChannelScorer, candidate_scores, rerank
 from chunlian.offline import OfflineGenerator
 from chunlian.text import validate_upper
 from chunlian.training.evaluate import compute_metrics
@@ -51,7 +52,7 @@ def main() -> None:
     for p in rows:
         try:
             pairs.append((validate_upper(p.upper), p.lower))
-        except Exception:  # noqa: BLE001 - a row the service would refuse is skipped
+        except InvalidInput:  # a row the service would refuse is skipped
             continue
         if len(pairs) == args.pairs:
             break
@@ -59,23 +60,17 @@ def main() -> None:
     tone_bias = gen.runner.tone_bias if args.tone_bias is None else args.tone_bias
     searcher = BeamSearcher(gen.loaded, gen.runner.constrainer, tone_bias,
                             max_rows=max(64, args.beam), members=gen.members)
+    items = [(u, "traditional") for u, _ in pairs]
     t0 = time.perf_counter()
-    nbest = searcher.search_nbest([(u, "traditional") for u, _ in pairs], args.beam)
+    nbest = searcher.search_nbest(items, args.beam)
     beam_s = time.perf_counter() - t0
-    triples = [(u, h.lower, "traditional") for (u, _), hyps in zip(pairs, nbest, strict=True) for h in hyps]
     t0 = time.perf_counter()
-    per_model = [ChannelScorer(m).score(triples) for m in (gen.loaded, *gen.members)]
-    flat = [sum(col) / len(col) for col in zip(*per_model, strict=True)]
+    channel = candidate_scores((gen.loaded, *gen.members), items, nbest)
     channel_s = time.perf_counter() - t0
-    channel, at = [], 0
-    for hyps in nbest:
-        channel.append(flat[at : at + len(hyps)])
-        at += len(hyps)
     uppers, refs = [u for u, _ in pairs], [lo for _, lo in pairs]
     table = []
     for w in args.weights:
-        hyps = [max(zip(hs, ch, strict=True), key=lambda hc: hc[0].logprob + w * hc[1])[0].lower
-                for hs, ch in zip(nbest, channel, strict=True)]
+        hyps = [h.lower for h in rerank(nbest, channel, w)]
         m = compute_metrics(uppers, hyps, refs)
         table.append({"weight": w, **m})
         print(json.dumps({"weight": w, "bleu4": m["bleu4"], "bleu1": m["bleu1"],

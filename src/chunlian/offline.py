@@ -13,7 +13,6 @@ from chunlian.data.blocklist import Blocklist
 from chunlian.engine.request import SeqOutput, expand, simplified_request
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ChunlianError, InvalidInput
-from chunlian.model.beam import BeamResult
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.rerank import build_result
 from chunlian.model.styles import STYLES
@@ -172,27 +171,13 @@ class OfflineGenerator:
         )
         items = [(simplified_request(r).upper or "", r.style) for r in todo]
         if self.channel_weight > 0:
-            found = self._channel_rerank(items, searcher.search_nbest(items, self.beam_width))
+            from chunlian.model.channel import candidate_scores, rerank
+
+            nbest = searcher.search_nbest(items, self.beam_width)
+            found = rerank(nbest, candidate_scores((self.loaded, *self.members), items, nbest), self.channel_weight)
         else:
             found = searcher.search(items, self.beam_width)
         return {  # the searched (simplified) 上联: build_result converts back to what was typed
             id(r): SeqOutput(-1 - i, simplified_request(r).upper or "", b.lower, b.mean_logprob)
             for i, (r, b) in enumerate(zip(todo, found, strict=True))
         }
-
-    def _channel_rerank(
-        self, items: list[tuple[str, str]], nbest: list[list[BeamResult]]
-    ) -> list[BeamResult]:
-        """Each request's candidate with the best ``logprob + channel_weight * channel``."""
-        from chunlian.model.channel import ChannelScorer
-
-        triples = [(upper, h.lower, style) for (upper, style), hyps in zip(items, nbest, strict=True)
-                   for h in hyps]
-        scorers = [ChannelScorer(m) for m in (self.loaded, *self.members)]
-        per_model = [sc.score(triples) for sc in scorers]
-        channel = iter([sum(col) / len(col) for col in zip(*per_model, strict=True)])
-        best = []
-        for hyps in nbest:
-            scored = [(h.logprob + self.channel_weight * next(channel), k) for k, h in enumerate(hyps)]
-            best.append(hyps[max(scored)[1]])
-        return best

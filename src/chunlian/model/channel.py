@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
+from chunlian.model.beam import BeamResult
 from chunlian.model.checkpoint import LoadedModel
 from chunlian.model.tokenizer import sequence_roles
 
@@ -35,7 +36,7 @@ class ChannelScorer:
     def __init__(self, loaded: LoadedModel, batch_rows: int = 256) -> None:
         self.model = loaded.model.eval()
         self.tok = loaded.tokenizer
-        self.register = "reversed" if "<r:reversed>" in self.tok.stoi else "modern"
+        self.register = "reversed" if self.tok.has_register("reversed") else "modern"
         self.batch_rows = batch_rows
         self.device = next(self.model.parameters()).device
 
@@ -73,3 +74,23 @@ class ChannelScorer:
         upper_lp = picked[:, 3 + n :]  # [B, n]
         known = tgt[:, 3 + n :] != tok.unk_id
         return (upper_lp * known).sum(dim=1).tolist()
+
+
+def candidate_scores(
+    models: Sequence[LoadedModel], items: Sequence[tuple[str, str]], nbest: Sequence[Sequence[BeamResult]]
+) -> list[list[float]]:
+    """The channel score of every candidate of every ``(upper, style)`` request, averaged
+    over ``models`` (one model, or an ensemble's members), shaped like ``nbest``."""
+    triples = [(upper, h.lower, style) for (upper, style), hyps in zip(items, nbest, strict=True) for h in hyps]
+    per_model = [ChannelScorer(m).score(triples) for m in models]
+    flat = iter([sum(col) / len(col) for col in zip(*per_model, strict=True)])
+    return [[next(flat) for _ in hyps] for hyps in nbest]
+
+
+def rerank(
+    nbest: Sequence[Sequence[BeamResult]], channel: Sequence[Sequence[float]], weight: float
+) -> list[BeamResult]:
+    """Each request's candidate with the best ``logprob + weight * channel`` (ties: the
+    beam's order)."""
+    return [max(zip(hyps, ch, strict=True), key=lambda hc: hc[0].logprob + weight * hc[1])[0]
+            for hyps, ch in zip(nbest, channel, strict=True)]

@@ -23,7 +23,8 @@ PREFIX_LEN = 3  # BOS, style, register
 # Optional special tokens, appended after the characters so that vocabularies built
 # without them keep their ids: ``<r:reversed>`` marks a modern pair trained the other way
 # round (下联 as 上联; ``chunlian train --augment-reverse``). Never generated, never decoded.
-EXTRA_SPECIALS: tuple[str, ...] = ("<r:reversed>",)
+REVERSED_TOKEN = "<r:reversed>"
+EXTRA_SPECIALS: tuple[str, ...] = (REVERSED_TOKEN,)
 
 
 class Tokenizer:
@@ -70,6 +71,9 @@ class Tokenizer:
 
     def register_id(self, register: str) -> int:
         return self.stoi[f"<r:{register}>"]
+
+    def has_register(self, register: str) -> bool:
+        return f"<r:{register}>" in self.stoi
 
     def prefix(self, style: str, register: str = "modern") -> list[int]:
         return [self.bos_id, self.style_id(style), self.register_id(register)]

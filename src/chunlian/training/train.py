@@ -26,7 +26,7 @@ from torch import Tensor
 from chunlian.data.corpus import Pair, read_pairs
 from chunlian.model.checkpoint import load_weights, save_weights
 from chunlian.model.styles import derive_style
-from chunlian.model.tokenizer import Tokenizer, sequence_roles
+from chunlian.model.tokenizer import REVERSED_TOKEN, Tokenizer, sequence_roles
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
 
 
@@ -234,9 +234,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
     elif init is not None:
         tok = init.tokenizer
     else:
-        extra = ["<r:reversed>"] if cfg.augment_reverse else []
+        extra = [REVERSED_TOKEN] if cfg.augment_reverse else []
         tok = Tokenizer.build((p.upper + p.lower for p in forward_pairs), extra=extra)
-    if cfg.augment_reverse and "<r:reversed>" not in tok.stoi:
+    if cfg.augment_reverse and not tok.has_register(REVERSED):
         raise ValueError("--augment-reverse needs a vocabulary with <r:reversed> (continue from weights trained with it)")
     if init is not None:
         mcfg = init.model.cfg if cfg.dropout is None else replace(init.model.cfg, dropout=cfg.dropout)
