@@ -23,6 +23,7 @@ from chunlian.data.corpus import read_pairs
 from chunlian.errors import InvalidInput
 from chunlian.model.beam import BeamSearcher
 from chunlian.model.channel import ChannelScorer, candidate_scores, rerank
+from chunlian.model.checkpoint import load_weights
 from chunlian.offline import OfflineGenerator
 from chunlian.text import validate_upper
 from chunlian.training.evaluate import compute_metrics
@@ -40,6 +41,8 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help="weights (default: the shipped ones)")
     ap.add_argument("--ensemble", type=Path, action="append", default=[],
                     help="more weights averaged with --model's (as chunlian eval --ensemble)")
+    ap.add_argument("--channel-model", type=Path, action="append", default=[],
+                    help="weights that score the channel term instead of the beam's own models (repeat to average)")
     ap.add_argument("--tone-bias", type=float, default=None, help="the 平仄 soft bias (default: the runner's)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -65,7 +68,8 @@ def main() -> None:
     nbest = searcher.search_nbest(items, args.beam)
     beam_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    channel = candidate_scores((gen.loaded, *gen.members), items, nbest)
+    scorers = tuple(load_weights(p, "cpu") for p in args.channel_model) or (gen.loaded, *gen.members)
+    channel = candidate_scores(scorers, items, nbest)
     channel_s = time.perf_counter() - t0
     uppers, refs = [u for u, _ in pairs], [lo for _, lo in pairs]
     table = []
@@ -77,7 +81,8 @@ def main() -> None:
                           "pingze_opposition": m["pingze_opposition"], "ends_ping": m["ends_ping"]}))
     report = {"data": args.data, "half": args.half, "seed": args.seed, "pairs": len(pairs), "beam": args.beam,
               "model": gen.loaded.tag, "ensemble": [m.tag for m in gen.members], "tone_bias": tone_bias,
-              "channel_register": ChannelScorer(gen.loaded).register,
+              "channel_models": [m.tag for m in scorers],
+              "channel_register": [ChannelScorer(m).register for m in scorers],
               "beam_s": round(beam_s, 1), "channel_s": round(channel_s, 1), "table": table}
     if args.out:
         args.out.write_text(json.dumps(report, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")

@@ -50,20 +50,24 @@ def _print_result(res: Any, as_json: bool) -> None:
 
 
 def _apply_quality(args: argparse.Namespace) -> None:
-    """``--quality``: the preset's weights, beam and channel weight, each unless given: a
-    ``--model-path``, a ``--beam`` above 1 or a ``--channel`` above 0 given with it wins
-    (``--beam 1`` cannot be told from the default, so it still searches 32 wide)."""
-    if not getattr(args, "quality", False):
-        return
-    from chunlian.model.checkpoint import QUALITY_WEIGHTS
-    from chunlian.offline import QUALITY
+    """Resolve the search flags: ``--quality`` fills in the preset's weights, beam and
+    channel weight, each unless given (an explicit ``--model-path``, ``--beam`` or
+    ``--channel`` wins; ``--quality --beam 1`` is greedy on the quality weights, with no
+    channel term unless ``--channel`` asks for one, which then needs a beam)."""
+    if getattr(args, "quality", False):
+        from chunlian.model.checkpoint import QUALITY_WEIGHTS
+        from chunlian.offline import QUALITY
 
-    if args.model_path is None:
-        args.model_path = QUALITY_WEIGHTS
-    if args.beam == 1:
-        args.beam = QUALITY.beam_width
-    if args.channel == 0.0:
-        args.channel = QUALITY.channel_weight
+        if args.model_path is None:
+            args.model_path = QUALITY_WEIGHTS
+        if args.beam is None:
+            args.beam = QUALITY.beam_width
+        if args.channel is None and args.beam > 1:
+            args.channel = QUALITY.channel_weight
+    if args.beam is None:
+        args.beam = 1
+    if args.channel is None:
+        args.channel = 0.0
 
 
 def _generator(args: argparse.Namespace) -> Any:
@@ -236,15 +240,16 @@ class _Parser(argparse.ArgumentParser):
 
 def _search_flags(p: argparse.ArgumentParser) -> None:
     """Offline search: beam, channel reranking, ensembles and the quality preset."""
-    p.add_argument("--beam", type=int, default=1, help="constrained beam search of this width for greedy lines (1: greedy)")
-    p.add_argument("--channel", type=float, default=0.0,
+    p.add_argument("--beam", type=int, default=None,
+                   help="constrained beam search of this width for greedy lines (default 1: greedy)")
+    p.add_argument("--channel", type=float, default=None,
                    help="rerank the beam's lines by log p(lower|upper) + W log p(upper|lower), "
                         "how well each explains the 上联 (needs --beam)")
     p.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
                    help="average these weights' predictions with the model's (beam path; repeatable)")
     p.add_argument("--quality", action="store_true",
                    help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower; "
-                        "a --model-path, --beam above 1 or --channel above 0 given with it wins)")
+                        "a --model-path, --beam or --channel given with it wins)")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:

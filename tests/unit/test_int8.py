@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from chunlian.cache.keys import cache_key
 from chunlian.engine.request import SeqSpec
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ConfigError
@@ -13,6 +14,7 @@ from chunlian.model import int8, lowp
 from chunlian.model.checkpoint import load_weights
 from chunlian.model.tokenizer import Tokenizer
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
+from chunlian.offline import couplet_request
 
 needs_fbgemm = pytest.mark.skipif(not int8.int8_supported(), reason="no fbgemm in this torch build")
 
@@ -96,5 +98,11 @@ def test_shipped_model_under_int8_answers_alike_alone_and_batched() -> None:
     head, head2 = loaded.model.lm_head, again.model.lm_head
     assert isinstance(head, int8.Int8Linear) and isinstance(head2, int8.Int8Linear)
     assert (head.x_scale, head.x_zero_point) == (head2.x_scale, head2.x_zero_point)
-    fp32 = run(16, load_weights(None, "cpu", "float32"))
+    fp32_loaded = load_weights(None, "cpu", "float32")
+    fp32 = run(16, fp32_loaded)
     assert sum(batched[u] == fp32[u] for u in UPPERS) >= len(UPPERS) // 2
+    # int8 answers differ from fp32's on some lines: the tag (part of every cache key)
+    # tells them apart, so a shared Redis never serves one precision's answer for the other
+    assert loaded.tag == fp32_loaded.tag + "+int8"
+    req = couplet_request(UPPERS[0])
+    assert cache_key(loaded.tag, req) != cache_key(fp32_loaded.tag, req)

@@ -371,6 +371,11 @@ def test_eval_with_channel_reranking_reports_its_weight_and_refuses_it_without_a
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == "chunlian-couplet@rev-step9000"
     assert report["beam"] == 32 and report["channel_weight"] == 0.5 and report["no_shared_char"] == 1.0
+    # an explicit --beam 1 is greedy on the quality weights, with no channel term
+    assert cli_main(["eval", "--data", str(data), "--json", "--quality", "--beam", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model"] == "chunlian-couplet@rev-step9000" and "beam" not in report
+    assert "channel_weight" not in report
     assert cli_main(["generate", "春回大地", "--quality", "--json"]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["upper"] == "春回大地" and len(line["lower"]) == 4 and len(line["hengpi"]) == 4

@@ -35,7 +35,11 @@ class LoadedModel:
 
     @property
     def tag(self) -> str:
-        return f"{self.name}@{self.version}"
+        """``name@version``, plus ``+int8`` / ``+bfloat16`` when the linear layers run in
+        lower precision: those answers differ from fp32's on some lines, so the tag (which
+        is part of every cache key and every response's ``model``) must tell them apart."""
+        base = f"{self.name}@{self.version}"
+        return base if self.matmul == "float32" else f"{base}+{self.matmul}"
 
 
 def save_weights(
