@@ -21,7 +21,7 @@ from pathlib import Path
 
 from chunlian.data.corpus import read_pairs
 from chunlian.errors import InvalidInput
-from chunlian.model.beam import BeamSearcher
+from chunlian.model.beam import BeamResult, BeamSearcher
 from chunlian.model.channel import ChannelScorer, candidate_scores, rerank
 from chunlian.model.checkpoint import load_weights
 from chunlian.offline import OfflineGenerator
@@ -43,6 +43,11 @@ def main() -> None:
                     help="more weights averaged with --model's (as chunlian eval --ensemble)")
     ap.add_argument("--channel-model", type=Path, action="append", default=[],
                     help="weights that score the channel term instead of the beam's own models (repeat to average)")
+    ap.add_argument("--forward-model", type=Path, default=None,
+                    help="also add F * log p(lower | upper) of these weights to each candidate's score")
+    ap.add_argument("--forward-weights", type=float, nargs="+", default=[0.0])
+    ap.add_argument("--nbest-cache", type=Path, default=None,
+                    help="JSON of the beam's candidates: read if it exists, else written (skips the search)")
     ap.add_argument("--tone-bias", type=float, default=None, help="the 平仄 soft bias (default: the runner's)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -65,7 +70,18 @@ def main() -> None:
                             max_rows=max(64, args.beam), members=gen.members)
     items = [(u, "traditional") for u, _ in pairs]
     t0 = time.perf_counter()
-    nbest = searcher.search_nbest(items, args.beam)
+    if args.nbest_cache is not None and args.nbest_cache.exists():
+        cached = json.loads(args.nbest_cache.read_text(encoding="utf-8"))
+        if cached["items"] != [list(it) for it in items] or cached["beam"] != args.beam:
+            raise SystemExit(f"{args.nbest_cache} holds another run's candidates")
+        nbest = [[BeamResult(lo, m, lp) for lo, m, lp in hyps] for hyps in cached["nbest"]]
+    else:
+        nbest = searcher.search_nbest(items, args.beam)
+        if args.nbest_cache is not None:
+            args.nbest_cache.write_text(json.dumps(
+                {"items": items, "beam": args.beam, "model": gen.loaded.tag,
+                 "nbest": [[[h.lower, h.mean_logprob, h.logprob] for h in hyps] for hyps in nbest]},
+                ensure_ascii=False), encoding="utf-8")
     beam_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     scorers = tuple(load_weights(p, "cpu") for p in args.channel_model) or (gen.loaded, *gen.members)
@@ -73,13 +89,19 @@ def main() -> None:
     channel_s = time.perf_counter() - t0
     uppers, refs = [u for u, _ in pairs], [lo for _, lo in pairs]
     table = []
-    for w in args.weights:
-        hyps = [h.lower for h in rerank(nbest, channel, w)]
-        m = compute_metrics(uppers, hyps, refs)
-        table.append({"weight": w, **m})
-        print(json.dumps({"weight": w, "bleu4": m["bleu4"], "bleu1": m["bleu1"],
-                          "pingze_opposition": m["pingze_opposition"], "ends_ping": m["ends_ping"]}))
+    fwd: list[list[float]] | None = None
+    if args.forward_model is not None:
+        fwd = candidate_scores([load_weights(args.forward_model, "cpu")], items, nbest, forward=True)
+    for f in args.forward_weights if fwd is not None else [0.0]:
+        for w in args.weights:
+            # each candidate: logprob + w * channel (+ f * the second model's forward score)
+            hyps = [h.lower for h in rerank(nbest, (w, channel), *([(f, fwd)] if fwd is not None else []))]
+            m = compute_metrics(uppers, hyps, refs)
+            table.append({"weight": w, "forward_weight": f, **m})
+            print(json.dumps({"weight": w, "forward_weight": f, "bleu4": m["bleu4"], "bleu1": m["bleu1"],
+                              "pingze_opposition": m["pingze_opposition"], "ends_ping": m["ends_ping"]}))
     report = {"data": args.data, "half": args.half, "seed": args.seed, "pairs": len(pairs), "beam": args.beam,
+              "forward_model": str(args.forward_model) if args.forward_model else None,
               "model": gen.loaded.tag, "ensemble": [m.tag for m in gen.members], "tone_bias": tone_bias,
               "channel_models": [m.tag for m in scorers],
               "channel_register": [ChannelScorer(m).register for m in scorers],

@@ -50,12 +50,14 @@ def _print_result(res: Any, as_json: bool) -> None:
 
 
 def _apply_quality(args: argparse.Namespace) -> None:
-    """Resolve the search flags: ``--quality`` fills in the preset's weights, beam and
-    channel weight, each unless given (an explicit ``--model-path``, ``--beam`` or
-    ``--channel`` wins; ``--quality --beam 1`` is greedy on the quality weights, with no
-    channel term unless ``--channel`` asks for one, which then needs a beam)."""
+    """Resolve the search flags: ``--quality`` fills in the preset's weights, beam, channel
+    weight and rescoring (the shipped weights, at the preset's weight), each unless given
+    (an explicit ``--model-path``, ``--beam``, ``--channel`` or ``--rescore[-weight]``
+    wins; ``--quality --beam 1`` is greedy on the quality weights, with no channel or
+    rescoring term unless asked for, which then needs a beam). ``--rescore`` alone takes
+    the preset's weight."""
     if getattr(args, "quality", False):
-        from chunlian.model.checkpoint import QUALITY_WEIGHTS
+        from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
         from chunlian.offline import QUALITY
 
         if args.model_path is None:
@@ -64,10 +66,16 @@ def _apply_quality(args: argparse.Namespace) -> None:
             args.beam = QUALITY.beam_width
         if args.channel is None and args.beam > 1:
             args.channel = QUALITY.channel_weight
+        if args.rescore is None and (args.beam > 1 or args.rescore_weight):
+            args.rescore = [DEFAULT_WEIGHTS]
     if args.beam is None:
         args.beam = 1
     if args.channel is None:
         args.channel = 0.0
+    if args.rescore_weight is None:
+        from chunlian.offline import QUALITY
+
+        args.rescore_weight = QUALITY.rescore_weight if args.rescore else 0.0
 
 
 def _generator(args: argparse.Namespace) -> Any:
@@ -77,17 +85,19 @@ def _generator(args: argparse.Namespace) -> Any:
         args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1),
         matmul=args.matmul, channel_weight=getattr(args, "channel", 0.0),
         ensemble=tuple(getattr(args, "ensemble", None) or ()),
+        rescore=tuple(getattr(args, "rescore", None) or ()), rescore_weight=getattr(args, "rescore_weight", 0.0),
     )
 
 
 # ---- model commands --------------------------------------------------------------------------
 def cmd_generate(args: argparse.Namespace) -> int:
-    from chunlian.offline import check_beam, check_channel, couplet_request
+    from chunlian.offline import check_beam, check_channel, check_rescore, couplet_request
 
     _apply_quality(args)
     try:
         check_beam(args.beam)
         check_channel(args.channel, args.beam)
+        check_rescore(args.rescore_weight, args.beam, len(args.rescore or ()))
     except InvalidInput as e:
         return _fail(e.message)
     if args.file is None:
@@ -194,7 +204,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
                           args.batch_size, args.tone_bias, args.beam, args.matmul, args.zodiac_year,
-                          args.channel, tuple(args.ensemble or ()))
+                          args.channel, tuple(args.ensemble or ()), tuple(args.rescore or ()),
+                          args.rescore_weight)
     except InvalidInput as e:
         return _fail(e.message)
     if args.json:
@@ -247,9 +258,14 @@ def _search_flags(p: argparse.ArgumentParser) -> None:
                         "how well each explains the 上联 (needs --beam)")
     p.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
                    help="average these weights' predictions with the model's (beam path; repeatable)")
+    p.add_argument("--rescore", type=Path, action="append", default=None, metavar="WEIGHTS",
+                   help="add F log p(lower|upper) of these weights to each beam candidate's score (needs --beam)")
+    p.add_argument("--rescore-weight", type=float, default=None, metavar="F",
+                   help="the weight F of --rescore (default 0.5)")
     p.add_argument("--quality", action="store_true",
-                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.5 (slower; "
-                        "a --model-path, --beam or --channel given with it wins)")
+                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.75, rescored "
+                        "by the shipped weights at 0.5 (slower; a --model-path, --beam, --channel or "
+                        "--rescore given with it wins)")
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,9 @@ class QualityPreset:
     one half of the validation split (``benchmarks/channel_sweep.py --half a``)."""
 
     beam_width: int = 32
-    channel_weight: float = 0.5
+    channel_weight: float = 0.75
+    # the shipped (forward-only) weights' log p(lower | upper) added to each candidate's score
+    rescore_weight: float = 0.5
 
 
 QUALITY = QualityPreset()
@@ -73,6 +75,17 @@ def check_channel(weight: float, beam_width: int) -> float:
     return weight
 
 
+def check_rescore(weight: float, beam_width: int, models: int) -> float:
+    """A rescoring weight: 0 (off) or positive with a beam and at least one rescoring model."""
+    if not 0.0 <= weight <= MAX_CHANNEL_WEIGHT:
+        raise InvalidInput(f"rescore weight must be between 0 and {MAX_CHANNEL_WEIGHT}, got {weight}", "rescore")
+    if weight > 0 and beam_width < 2:
+        raise InvalidInput("rescoring ranks beam candidates: it needs a beam width of 2 or more", "rescore")
+    if weight > 0 and not models:
+        raise InvalidInput("a rescore weight needs weights to rescore with", "rescore")
+    return weight
+
+
 def compose_request(
     heads: str | None = None, keyword: str | None = None, length: int = 7,
     style: str = "traditional", n: int = 1, seed: int | None = None, **kw: object,
@@ -107,12 +120,16 @@ class OfflineGenerator:
     # more models averaged with this one's in the beam search (and the channel scores):
     # an ensemble; their requests take the beam path even at width 1 (greedy)
     members: tuple[LoadedModel, ...] = ()
+    # > 0 (with a beam): rescore_weight * log p(lower | upper) of these other weights joins
+    # each candidate's score (a second opinion on the beam's candidates; model.channel)
+    rescorers: tuple[LoadedModel, ...] = ()
+    rescore_weight: float = 0.0
 
     @classmethod
     def load(
         cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
         matmul: str = "float32", blocklist: Blocklist | None = None, channel_weight: float = 0.0,
-        ensemble: tuple[Path, ...] = (),
+        ensemble: tuple[Path, ...] = (), rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
     ) -> OfflineGenerator:
         """``blocklist``: the bans on generated text (default: ``Settings.generation_blocklist``
         of the environment's settings, as the service applies them)."""
@@ -121,11 +138,14 @@ class OfflineGenerator:
 
         check_beam(beam_width)
         check_channel(channel_weight, beam_width)
+        check_rescore(rescore_weight, beam_width, len(rescore))
         loaded = load_weights(model_path, device, matmul)
         bans = load_settings().generation_blocklist() if blocklist is None else blocklist
         runner = ModelRunner(loaded, capacity, device, blocklist=bans)
         members = tuple(load_weights(p, device, matmul) for p in ensemble)
-        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight, members)
+        rescorers = tuple(load_weights(p, device, matmul) for p in rescore) if rescore_weight > 0 else ()
+        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight, members,
+                   rescorers, rescore_weight)
 
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
         """Results in input order; a request that fails yields its error, not an abort.
@@ -170,11 +190,16 @@ class OfflineGenerator:
             max_rows=max(self.runner.capacity, self.beam_width), members=self.members,
         )
         items = [(simplified_request(r).upper or "", r.style) for r in todo]
-        if self.channel_weight > 0:
-            from chunlian.model.channel import candidate_scores, rerank
+        if self.channel_weight > 0 or self.rescore_weight > 0:
+            from chunlian.model.channel import Scores, candidate_scores, rerank
 
             nbest = searcher.search_nbest(items, self.beam_width)
-            found = rerank(nbest, candidate_scores((self.loaded, *self.members), items, nbest), self.channel_weight)
+            terms: list[tuple[float, Scores]] = []
+            if self.channel_weight > 0:
+                terms.append((self.channel_weight, candidate_scores((self.loaded, *self.members), items, nbest)))
+            if self.rescore_weight > 0:
+                terms.append((self.rescore_weight, candidate_scores(self.rescorers, items, nbest, forward=True)))
+            found = rerank(nbest, *terms)
         else:
             found = searcher.search(items, self.beam_width)
         return {  # the searched (simplified) 上联: build_result converts back to what was typed

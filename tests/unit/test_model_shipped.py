@@ -13,7 +13,7 @@ from chunlian.cli import main as cli_main
 from chunlian.engine.request import SeqSpec
 from chunlian.engine.runner import ModelRunner
 from chunlian.model.beam import BeamSearcher
-from chunlian.model.checkpoint import LoadedModel, load_weights
+from chunlian.model.checkpoint import DEFAULT_WEIGHTS, LoadedModel, load_weights
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.model.transformer import KVCache
 from chunlian.text import is_han, tone_class
@@ -152,18 +152,62 @@ def test_channel_scores_are_the_reverse_teacher_forced_log_probabilities() -> No
 
 
 def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:
+    """The generator's reranked answer is the candidate of its own beam with the best
+    ``logprob + W * channel (+ F * rescore)``; without a term it is the beam's best."""
+    from chunlian.model.channel import candidate_scores, rerank
     from chunlian.offline import OfflineGenerator
     from chunlian.types import CoupletRequest
 
     plain = OfflineGenerator.load(None, "cpu", capacity=16, beam_width=4)
     reranked = OfflineGenerator.load(None, "cpu", capacity=16, beam_width=4, channel_weight=1.0)
+    rescored = OfflineGenerator.load(None, "cpu", capacity=16, beam_width=4, channel_weight=1.0,
+                                     rescore=(DEFAULT_WEIGHTS,), rescore_weight=2.0)
     reqs = [CoupletRequest(upper=u) for u in UPPERS[:6]]
-    nbest = searcher().search_nbest([(u, "traditional") for u in UPPERS[:6]], 4)
-    for req, res, hyps in zip(reqs, reranked.generate(reqs), nbest, strict=True):
-        assert not isinstance(res, Exception)
-        assert_rules(req.upper or "", res.best.lower)
-        assert res.best.lower in {h.lower for h in hyps}
-    assert len(plain.generate(reqs)) == len(reqs)
+    items = [(u, "traditional") for u in UPPERS[:6]]
+    nbest = BeamSearcher(plain.loaded, plain.runner.constrainer, plain.runner.tone_bias,
+                         max_rows=16).search_nbest(items, 4)
+    channel = candidate_scores([plain.loaded], items, nbest)
+    forward = candidate_scores([plain.loaded], items, nbest, forward=True)
+    want = {
+        "plain": [hyps[0].lower for hyps in nbest],
+        "reranked": [h.lower for h in rerank(nbest, (1.0, channel))],
+        "rescored": [h.lower for h in rerank(nbest, (1.0, channel), (2.0, forward))],
+    }
+    for name, gen in (("plain", plain), ("reranked", reranked), ("rescored", rescored)):
+        got = gen.generate(reqs)
+        for req, res, hyps in zip(reqs, got, nbest, strict=True):
+            assert not isinstance(res, Exception)
+            assert_rules(req.upper or "", res.best.lower)
+            assert res.best.lower in {h.lower for h in hyps}
+        assert [r.best.lower for r in got] == want[name], name  # type: ignore[union-attr]
+
+
+def test_rerank_adds_every_weighted_term_and_breaks_ties_by_beam_order() -> None:
+    from chunlian.model.beam import BeamResult
+    from chunlian.model.channel import rerank
+
+    nbest = [[BeamResult("甲", -1.0, -1.0), BeamResult("乙", -1.5, -1.5)], [BeamResult("丙", -2.0, -2.0)]]
+    channel = [[-3.0, -1.0], [-5.0]]
+    forward = [[-1.0, -2.0], [0.0]]
+    assert [h.lower for h in rerank(nbest)] == ["甲", "丙"]
+    assert [h.lower for h in rerank(nbest, (1.0, channel))] == ["乙", "丙"]  # -4 vs -2.5
+    assert [h.lower for h in rerank(nbest, (1.0, channel), (1.0, forward))] == ["乙", "丙"]  # -5 vs -4.5
+    assert [h.lower for h in rerank(nbest, (1.0, channel), (1.5, forward))] == ["甲", "丙"]  # tie -5.5: beam order
+    assert [h.lower for h in rerank(nbest, (1.0, channel), (2.0, forward))] == ["甲", "丙"]  # -6 vs -6.5
+
+
+def test_forward_scores_are_the_teacher_forced_lower_log_probabilities() -> None:
+    """``forward=True`` reads ``log p(lower | upper)``: the channel scorer's number on the
+    swapped lines (whose teacher forcing the test above checks step by step)."""
+    from chunlian.model.channel import ChannelScorer
+
+    loaded = shipped()
+    fwd, rev = ChannelScorer(loaded, forward=True), ChannelScorer(loaded)
+    assert fwd.register == "modern"
+    triples = [("春回大地", "福满人间", "traditional"), ("瑞雪兆丰年", "红梅报早春", "family")]
+    swapped = [(lo, up, st) for up, lo, st in triples]
+    assert [round(x, 4) for x in fwd.score(triples)] == [round(x, 4) for x in rev.score(swapped)]
+    assert all(x < 0 for x in fwd.score(triples))
 
 
 def test_batched_greedy_equals_one_at_a_time() -> None:
@@ -316,6 +360,9 @@ def test_the_cached_prompt_prefix_equals_computing_it_with_the_prompt() -> None:
     (["generate", "春回大地", "--beam", "33"], "beam"),
     (["generate", "春回大地", "--channel", "1"], "beam width"),
     (["generate", "春回大地", "--beam", "4", "--channel", "-1"], "channel weight"),
+    (["generate", "春回大地", "--beam", "4", "--rescore-weight", "1"], "rescore with"),
+    (["generate", "春回大地", "--rescore", "x.safetensors"], "beam width"),
+    (["generate", "春回大地", "--beam", "4", "--rescore", "x.safetensors", "--rescore-weight", "-1"], "rescore weight"),
     (["generate", "   "], "upper"),
     (["compose", "--heads", "李明王"], "heads"),
     (["compose", "--heads", "ab"], "heads"),
@@ -366,16 +413,18 @@ def test_eval_with_channel_reranking_reports_its_weight_and_refuses_it_without_a
     assert cli_main(["eval", "--data", str(data), "--json", "--channel", "0.5"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "beam width of 2 or more" in err
-    # the quality preset: the reverse-trained weights, a beam of 32, channel weight 0.5
+    # the quality preset: the reverse-trained weights, a beam of 32, channel weight 0.75,
+    # rescored by the shipped weights at 0.5
     assert cli_main(["eval", "--data", str(data), "--json", "--quality"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == "chunlian-couplet@rev-step9000"
-    assert report["beam"] == 32 and report["channel_weight"] == 0.5 and report["no_shared_char"] == 1.0
+    assert report["beam"] == 32 and report["channel_weight"] == 0.75 and report["no_shared_char"] == 1.0
+    assert report["rescore"] == ["chunlian-couplet@step9000"] and report["rescore_weight"] == 0.5
     # an explicit --beam 1 is greedy on the quality weights, with no channel term
     assert cli_main(["eval", "--data", str(data), "--json", "--quality", "--beam", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == "chunlian-couplet@rev-step9000" and "beam" not in report
-    assert "channel_weight" not in report
+    assert "channel_weight" not in report and "rescore" not in report
     assert cli_main(["generate", "春回大地", "--quality", "--json"]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["upper"] == "春回大地" and len(line["lower"]) == 4 and len(line["hengpi"]) == 4

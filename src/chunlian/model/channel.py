@@ -9,7 +9,9 @@ reranking of machine translation and dialogue). The final choice maximises::
     log p(lower | upper) + weight * log p(upper | lower)
 
 Both terms are sums over the line's characters; every candidate of one request has the
-上联's length, so no length normalisation is needed.
+上联's length, so no length normalisation is needed. A third, optional term adds a second
+model's forward score ``log p(lower | upper)`` (``forward=True``): in the quality preset the
+beam runs on the reverse-trained weights and the shipped ones vote on its candidates.
 
 The reverse direction is the same model on the sequence
 ``[BOS][STYLE][REGISTER] lower [SEP] upper``. Weights trained with reversed pairs
@@ -31,12 +33,16 @@ from chunlian.model.tokenizer import sequence_roles
 
 
 class ChannelScorer:
-    """``log p(upper | lower)`` for (upper, lower, style) triples, batched by line length."""
+    """``log p(upper | lower)`` for (upper, lower, style) triples, batched by line length.
 
-    def __init__(self, loaded: LoadedModel, batch_rows: int = 256) -> None:
+    ``forward=True`` scores the other way, ``log p(lower | upper)`` under ``<r:modern>``:
+    a second model's opinion of a candidate, for reranking with more than one model."""
+
+    def __init__(self, loaded: LoadedModel, batch_rows: int = 256, forward: bool = False) -> None:
         self.model = loaded.model.eval()
         self.tok = loaded.tokenizer
-        self.register = "reversed" if self.tok.has_register("reversed") else "modern"
+        self.forward = forward
+        self.register = "reversed" if self.tok.has_register("reversed") and not forward else "modern"
         self.batch_rows = batch_rows
         self.device = next(self.model.parameters()).device
 
@@ -45,6 +51,8 @@ class ChannelScorer:
         Characters outside the vocabulary are not scored (they cost every candidate alike)."""
         out = [0.0] * len(triples)
         by_len: dict[int, list[int]] = {}
+        if self.forward:  # score the 下联 given the 上联: the same reading, the lines swapped
+            triples = [(lower, upper, style) for upper, lower, style in triples]
         for i, (upper, lower, _) in enumerate(triples):
             if len(upper) != len(lower):
                 raise ValueError(f"upper and lower differ in length: {upper!r} / {lower!r}")
@@ -77,20 +85,25 @@ class ChannelScorer:
 
 
 def candidate_scores(
-    models: Sequence[LoadedModel], items: Sequence[tuple[str, str]], nbest: Sequence[Sequence[BeamResult]]
+    models: Sequence[LoadedModel], items: Sequence[tuple[str, str]], nbest: Sequence[Sequence[BeamResult]],
+    forward: bool = False,
 ) -> list[list[float]]:
-    """The channel score of every candidate of every ``(upper, style)`` request, averaged
-    over ``models`` (one model, or an ensemble's members), shaped like ``nbest``."""
+    """The channel score (``forward``: the forward score, ``log p(lower | upper)``) of every
+    candidate of every ``(upper, style)`` request, averaged over ``models`` (one model, or
+    an ensemble's members), shaped like ``nbest``."""
     triples = [(upper, h.lower, style) for (upper, style), hyps in zip(items, nbest, strict=True) for h in hyps]
-    per_model = [ChannelScorer(m).score(triples) for m in models]
+    per_model = [ChannelScorer(m, forward=forward).score(triples) for m in models]
     flat = iter([sum(col) / len(col) for col in zip(*per_model, strict=True)])
     return [[next(flat) for _ in hyps] for hyps in nbest]
 
 
-def rerank(
-    nbest: Sequence[Sequence[BeamResult]], channel: Sequence[Sequence[float]], weight: float
-) -> list[BeamResult]:
-    """Each request's candidate with the best ``logprob + weight * channel`` (ties: the
-    beam's order)."""
-    return [max(zip(hyps, ch, strict=True), key=lambda hc: hc[0].logprob + weight * hc[1])[0]
-            for hyps, ch in zip(nbest, channel, strict=True)]
+Scores = Sequence[Sequence[float]]  # one float per candidate of each request, shaped like nbest
+
+
+def rerank(nbest: Sequence[Sequence[BeamResult]], *terms: tuple[float, Scores]) -> list[BeamResult]:
+    """Each request's candidate with the best ``logprob + sum(weight * score)`` over the
+    ``(weight, scores)`` terms (ties: the beam's order)."""
+    def total(r: int, k: int, h: BeamResult) -> float:
+        return h.logprob + sum(w * sc[r][k] for w, sc in terms)
+
+    return [max(enumerate(hyps), key=lambda kh: total(r, kh[0], kh[1]))[1] for r, hyps in enumerate(nbest)]
