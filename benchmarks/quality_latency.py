@@ -1,0 +1,62 @@
+"""One request at a time: greedy (the service's answer) against the offline quality preset.
+
+    python benchmarks/quality_latency.py --val runs/data/val.tsv --lines 50 --rounds 2
+
+Both generators are loaded once; each round times every line alone with one, then the
+other (the order alternates by round), so a drifting host moves both alike. Prints JSON:
+median and p90 milliseconds per mode and round, and the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
+from chunlian.offline import QUALITY, OfflineGenerator
+from chunlian.training.eval_run import read_eval_pairs
+from chunlian.types import CoupletRequest
+
+
+def time_lines(gen: OfflineGenerator, uppers: list[str]) -> dict[str, float]:
+    times = []
+    for u in uppers:
+        t = time.perf_counter()
+        gen.generate([CoupletRequest(upper=u)])
+        times.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    return {"median_ms": round(statistics.median(times), 1), "p90_ms": round(times[int(0.9 * len(times))], 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--val", type=Path, default=Path("runs/data/val.tsv"))
+    ap.add_argument("--lines", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    uppers = [u for u, _ in read_eval_pairs(args.val, args.lines)]
+    gens = {
+        "greedy": OfflineGenerator.load(None, "cpu", capacity=1),
+        "quality": OfflineGenerator.load(QUALITY_WEIGHTS, "cpu", capacity=64, beam_width=QUALITY.beam_width,
+                                         channel_weight=QUALITY.channel_weight, rescore=(DEFAULT_WEIGHTS,),
+                                         rescore_weight=QUALITY.rescore_weight),
+    }
+    rounds: dict[str, list[dict[str, float]]] = {name: [] for name in gens}
+    for r in range(args.rounds):
+        for name in (list(gens) if r % 2 == 0 else list(reversed(gens))):
+            rounds[name].append(time_lines(gens[name], uppers))
+    med = {name: statistics.median(x["median_ms"] for x in rs) for name, rs in rounds.items()}
+    report = {"lines": len(uppers), "preset": vars(QUALITY), "rounds": rounds,
+              "quality_vs_greedy_median": round(med["quality"] / med["greedy"], 1)}
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
