@@ -12,23 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
+
+from model_report import latency  # this script's folder is on sys.path: one timing loop for both
 
 from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
 from chunlian.offline import QUALITY, OfflineGenerator
 from chunlian.training.eval_run import read_eval_pairs
-from chunlian.types import CoupletRequest
-
-
-def time_lines(gen: OfflineGenerator, uppers: list[str]) -> dict[str, float]:
-    times = []
-    for u in uppers:
-        t = time.perf_counter()
-        gen.generate([CoupletRequest(upper=u)])
-        times.append((time.perf_counter() - t) * 1000)
-    times.sort()
-    return {"median_ms": round(statistics.median(times), 1), "p90_ms": round(times[int(0.9 * len(times))], 1)}
 
 
 def main() -> None:
@@ -48,7 +38,7 @@ def main() -> None:
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in gens}
     for r in range(args.rounds):
         for name in (list(gens) if r % 2 == 0 else list(reversed(gens))):
-            rounds[name].append(time_lines(gens[name], uppers))
+            rounds[name].append(latency(gens[name], uppers))
     med = {name: statistics.median(x["median_ms"] for x in rs) for name, rs in rounds.items()}
     report = {"lines": len(uppers), "preset": vars(QUALITY), "rounds": rounds,
               "quality_vs_greedy_median": round(med["quality"] / med["greedy"], 1)}
