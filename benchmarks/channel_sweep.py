@@ -72,14 +72,17 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.nbest_cache is not None and args.nbest_cache.exists():
         cached = json.loads(args.nbest_cache.read_text(encoding="utf-8"))
-        if cached["items"] != [list(it) for it in items] or cached["beam"] != args.beam:
-            raise SystemExit(f"{args.nbest_cache} holds another run's candidates")
+        same = {"items": [list(it) for it in items], "beam": args.beam, "model": gen.loaded.tag,
+                "ensemble": [m.tag for m in gen.members], "tone_bias": tone_bias}
+        if any(cached.get(k) != v for k, v in same.items()):
+            raise SystemExit(f"{args.nbest_cache} holds another run's candidates (items, beam, models or tone bias differ)")
         nbest = [[BeamResult(lo, m, lp) for lo, m, lp in hyps] for hyps in cached["nbest"]]
     else:
         nbest = searcher.search_nbest(items, args.beam)
         if args.nbest_cache is not None:
             args.nbest_cache.write_text(json.dumps(
                 {"items": items, "beam": args.beam, "model": gen.loaded.tag,
+                 "ensemble": [m.tag for m in gen.members], "tone_bias": tone_bias,
                  "nbest": [[[h.lower, h.mean_logprob, h.logprob] for h in hyps] for hyps in nbest]},
                 ensure_ascii=False), encoding="utf-8")
     beam_s = time.perf_counter() - t0

@@ -183,6 +183,7 @@ def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:
 
 
 def test_rerank_adds_every_weighted_term_and_breaks_ties_by_beam_order() -> None:
+    """``logprob + sum(weight * score)``, computed by hand for each case in the comments."""
     from chunlian.model.beam import BeamResult
     from chunlian.model.channel import rerank
 
