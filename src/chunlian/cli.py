@@ -56,9 +56,10 @@ def _apply_quality(args: argparse.Namespace) -> None:
     wins; ``--quality --beam 1`` is greedy on the quality weights, with no channel or
     rescoring term unless asked for, which then needs a beam). ``--rescore`` alone takes
     the preset's weight."""
+    from chunlian.offline import QUALITY
+
     if getattr(args, "quality", False):
         from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
-        from chunlian.offline import QUALITY
 
         if args.model_path is None:
             args.model_path = QUALITY_WEIGHTS
@@ -73,8 +74,6 @@ def _apply_quality(args: argparse.Namespace) -> None:
     if args.channel is None:
         args.channel = 0.0
     if args.rescore_weight is None:
-        from chunlian.offline import QUALITY
-
         args.rescore_weight = QUALITY.rescore_weight if args.rescore else 0.0
 
 
