@@ -2,7 +2,7 @@
 
 Model commands live here; other areas register their own sub-commands through a
 ``register(subparsers)`` function in the modules listed in ``PLUGINS`` (bench, jobs,
-cluster), so each area keeps its CLI beside its code.
+cluster, training's distill), so each area keeps its CLI beside its code.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from chunlian.errors import ChunlianError, ConfigError, InvalidInput
 from chunlian.types import MATMUL_CHOICES
 
-PLUGINS = ("chunlian.bench.cli", "chunlian.jobs.cli", "chunlian.cluster.cli")
+PLUGINS = ("chunlian.bench.cli", "chunlian.jobs.cli", "chunlian.cluster.cli", "chunlian.training.cli")
 EXIT_USAGE = 2
 
 
