@@ -100,8 +100,15 @@ def test_data_dir_replaces_only_the_distilled_modern_lowers_and_copies_validatio
                                         "黄河入海流", "人寿年丰"]  # the classical pair keeps its gold line
     assert [p.register for p in train] == [p.register for p in _pairs()]
     assert (out / "val.tsv").read_bytes() == (data / "val.tsv").read_bytes()
-    assert stats == {"train_pairs": 6, "distilled_uppers": 2, "replaced_pairs": 2, "changed_pairs": 2}
+    assert stats == {"train_pairs": 6, "distilled_uppers": 2, "replaced_pairs": 2, "changed_pairs": 2, "copies": 1}
     assert json.loads((out / "stats.json").read_text(encoding="utf-8")) == stats
+    stats3 = build_data_dir(data, tmp_path / "x3", {"天增岁月人增寿": "花开富贵家家乐"}, copies=3)
+    train3 = read_pairs(tmp_path / "x3" / "train.tsv")
+    assert stats3["train_pairs"] == len(train3) == 10
+    assert [p for p in train3 if p.lower == "花开富贵家家乐"] == [Pair("天增岁月人增寿", "花开富贵家家乐", "modern")] * 6
+    assert [p for p in train3 if p.lower != "花开富贵家家乐"] == [p for p in _pairs() if p.upper != "天增岁月人增寿"]
+    with pytest.raises(ValueError, match="at least 1"):
+        build_data_dir(data, tmp_path / "x0", {}, copies=0)
 
 
 def test_data_dir_refuses_a_validation_line_or_a_lower_of_another_length(tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         with tqdm(total=len(sample), initial=len(sample) - len(todo), desc="distill", unit="line",
                   disable=args.quiet) as bar:
             run_teacher(teacher, todo, path, chunk=args.batch_size, on_chunk=bar.update)
-    stats: dict[str, Any] = build_data_dir(data, out, read_distilled(path))
+    stats: dict[str, Any] = build_data_dir(data, out, read_distilled(path), args.copies)
     stats["teacher_seconds_this_run"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(stats, ensure_ascii=False))
     return 0
@@ -69,6 +69,8 @@ def register(sub: Any) -> None:
     d.add_argument("--limit", type=_positive, default=15000, help="distinct modern upper lines to distill")
     d.add_argument("--seed", type=int, default=DEFAULT_SEED, help="of the sample of upper lines")
     d.add_argument("--batch-size", type=_positive, default=64, help="upper lines searched together")
+    d.add_argument("--copies", type=_positive, default=1,
+                   help="each distilled pair this many times in train.tsv (weighs the teacher up; default 1)")
     d.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     d.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     d.add_argument("--quiet", action="store_true")

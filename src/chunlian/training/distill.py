@@ -104,10 +104,14 @@ def run_teacher(
     return written
 
 
-def build_data_dir(data_dir: Path, out_dir: Path, distilled: dict[str, str]) -> dict[str, int]:
+def build_data_dir(data_dir: Path, out_dir: Path, distilled: dict[str, str], copies: int = 1) -> dict[str, int]:
     """Write ``out_dir/{train,val}.tsv``: the training pairs with each distilled modern
-    pair's 下联 replaced by the teacher's, the validation split copied as it is. Refuses a
-    distilled line that is a validation upper line or whose length differs from its upper's."""
+    pair's 下联 replaced by the teacher's (and ``copies - 1`` more copies of those pairs, to
+    weigh the teacher's answers up against the gold ones left), the validation split copied
+    as it is. Refuses a distilled line that is a validation upper line or whose length
+    differs from its upper's."""
+    if copies < 1:
+        raise ValueError(f"copies must be at least 1, got {copies}")
     val_uppers = {p.upper for p in read_pairs(data_dir / "val.tsv")}
     leaked = sorted(u for u in distilled if u in val_uppers)
     if leaked:
@@ -125,10 +129,11 @@ def build_data_dir(data_dir: Path, out_dir: Path, distilled: dict[str, str]) -> 
             replaced += 1
         else:
             out.append(p)
+    extra = [q for p, q in zip(pairs, out, strict=True) if p is not q] * (copies - 1)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_pairs(out_dir / "train.tsv", out)
+    write_pairs(out_dir / "train.tsv", out + extra)
     shutil.copyfile(data_dir / "val.tsv", out_dir / "val.tsv")
-    stats = {"train_pairs": len(out), "distilled_uppers": len(distilled), "replaced_pairs": replaced,
-             "changed_pairs": sum(a.lower != b.lower for a, b in zip(pairs, out, strict=True))}
+    stats = {"train_pairs": len(out) + len(extra), "distilled_uppers": len(distilled), "replaced_pairs": replaced,
+             "changed_pairs": sum(a.lower != b.lower for a, b in zip(pairs, out, strict=True)), "copies": copies}
     (out_dir / "stats.json").write_text(json.dumps(stats, indent=1) + "\n", encoding="utf-8")
     return stats
