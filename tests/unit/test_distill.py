@@ -140,3 +140,12 @@ def test_cli_resumes_from_a_finished_file_without_the_teacher_and_refuses_a_miss
     assert main(["distill", "--data", str(tmp_path / "none"), "--out", str(out)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "has no train.tsv" in captured.err
+    before = (data / "train.tsv").read_bytes()
+    assert main(["distill", "--data", str(data), "--out", str(data)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "would be overwritten" in captured.err
+    assert (data / "train.tsv").read_bytes() == before
+    with pytest.raises(ValueError, match="would be overwritten"):
+        build_data_dir(data, data, {})
+    assert main(["distill", "--data", str(data), "--out", str(out), "--threads", "-1"]) == 2
+    assert "--threads must be 0" in capsys.readouterr().err

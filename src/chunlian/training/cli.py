@@ -38,6 +38,12 @@ def cmd_distill(args: argparse.Namespace) -> int:
         if not (data / name).is_file():
             print(f"chunlian: --data {data} has no {name} (expected the output of 'chunlian data')", file=sys.stderr)
             return 2
+    if out.resolve() == data.resolve():
+        print(f"chunlian: --out {out} is the --data directory (its training split would be overwritten)", file=sys.stderr)
+        return 2
+    if args.threads < 0:
+        print(f"chunlian: --threads must be 0 (torch's default) or more, got {args.threads}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     out.mkdir(parents=True, exist_ok=True)

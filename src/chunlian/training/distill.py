@@ -112,6 +112,8 @@ def build_data_dir(data_dir: Path, out_dir: Path, distilled: dict[str, str], cop
     differs from its upper's."""
     if copies < 1:
         raise ValueError(f"copies must be at least 1, got {copies}")
+    if out_dir.resolve() == data_dir.resolve():
+        raise ValueError(f"the output directory {out_dir} is the data directory: its training split would be overwritten")
     val_uppers = {p.upper for p in read_pairs(data_dir / "val.tsv")}
     leaked = sorted(u for u in distilled if u in val_uppers)
     if leaked:
