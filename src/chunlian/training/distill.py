@@ -28,9 +28,9 @@ from chunlian.types import CoupletRequest
 
 DISTILLED = "distilled.jsonl"
 DEFAULT_SEED = 20261202
-# the teacher answers under the service's default style, as `chunlian eval` and a request
-# without a style are answered
-TEACHER_STYLE = "traditional"
+# the teacher answers under the default style of a request (CoupletRequest's), as
+# `chunlian eval` and a request without a style are answered
+TEACHER_STYLE = CoupletRequest().style
 
 
 class _Lines(Protocol):
