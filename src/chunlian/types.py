@@ -8,8 +8,8 @@ from typing import Literal, get_args
 Style = Literal["traditional", "business", "family", "literary"]
 Priority = Literal["interactive", "bulk"]
 BatchingMode = Literal["continuous", "static"]
-# precision of the model's linear layers at inference (model.lowp, model.int8)
-Matmul = Literal["auto", "float32", "bfloat16", "int8"]
+# precision of the model's linear layers at inference (model.lowp, model.int8, model.half)
+Matmul = Literal["auto", "float32", "bfloat16", "int8", "float16"]
 MATMUL_CHOICES: tuple[str, ...] = get_args(Matmul)
 
 DEFAULT_SAMPLING_TEMPERATURE = 0.8

@@ -26,7 +26,7 @@ UPPERS = ["春回大地", "瑞雪兆丰年", "春风送暖入屠苏", "一帆风
 def test_int8_needs_a_cpu() -> None:
     with pytest.raises(ConfigError, match="int8.*cuda"):
         lowp.resolve_matmul("int8", "cuda")
-    with pytest.raises(ConfigError, match="auto, float32, bfloat16, int8.*'int4'"):
+    with pytest.raises(ConfigError, match="auto, float32, bfloat16, int8, float16.*'int4'"):
         lowp.resolve_matmul("int4", "cpu")
     if int8.int8_supported():
         assert lowp.resolve_matmul("int8", "cpu") == "int8"

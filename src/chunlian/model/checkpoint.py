@@ -31,11 +31,11 @@ class LoadedModel:
     tokenizer: Tokenizer
     name: str
     version: str  # short content hash of the weights file unless set at export
-    matmul: str = "float32"  # the linear layers' precision (``model.lowp``, ``model.int8``)
+    matmul: str = "float32"  # the linear layers' precision (``model.lowp``, ``model.int8``, ``model.half``)
 
     @property
     def tag(self) -> str:
-        """``name@version``, plus ``+int8`` / ``+bfloat16`` when the linear layers run in
+        """``name@version``, plus ``+int8`` / ``+bfloat16`` / ``+float16`` when the linear layers run in
         lower precision: those answers differ from fp32's on some lines, so the tag (which
         is part of every cache key and every response's ``model``) must tell them apart."""
         base = f"{self.name}@{self.version}"
@@ -68,7 +68,8 @@ def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "f
 
     ``matmul`` (``model.lowp``): ``float32``; ``bfloat16`` (inference only: linear layers
     on bf16-rounded weights); ``auto``: bfloat16 where the CPU has AMX; ``int8``
-    (``model.int8``: int8 weights and fixed-scale activations, calibrated here: 3-4 s on the AMD host)."""
+    (``model.int8``: int8 weights and fixed-scale activations, calibrated here: 3-4 s on the AMD host);
+    ``float16`` (``model.half``: fp16 weights, the fp16 kernel for small batches)."""
     from safetensors import safe_open
 
     from chunlian.model.lowp import resolve_matmul, use_bf16_matmuls
@@ -96,5 +97,9 @@ def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "f
         from chunlian.model.int8 import calibration_uppers, use_int8_matmuls
 
         use_int8_matmuls(model, tok, calibration_uppers())
+    elif chosen == "float16":
+        from chunlian.model.half import use_half_matmuls
+
+        use_half_matmuls(model)
     version = meta.get("version") or hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     return LoadedModel(model, tok, meta.get("name", MODEL_NAME), version, chosen)

@@ -77,6 +77,8 @@ def resolve_matmul(requested: str, device: str) -> str:
 
         if device != "cpu" or not int8_supported():
             raise ConfigError(f"matmul 'int8' needs a CPU with fbgemm (x86, AVX2), got device {device!r}")
+    if requested == "float16" and device != "cpu":
+        raise ConfigError(f"matmul 'float16' is a CPU mode (model.half), got device {device!r}")
     return requested
 
 

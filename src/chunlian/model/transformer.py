@@ -30,7 +30,8 @@ and the prefill of new ones: the tokens of every group go through each linear la
 For inference the linear layers and the head may be swapped for bf16 ones on CPUs with
 AMX (``model.lowp``: their outputs are then bf16, and the residual stream, attention and
 cache stay fp32, since ``x + bf16`` promotes to fp32, as in bf16-autocast training) or for
-int8 ones on x86 CPUs (``model.int8``: fp32 in and out).
+int8 ones on x86 CPUs (``model.int8``: fp32 in and out), or for fp16-weight ones
+(``model.half``: fp32 in and out).
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ class CoupletTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         # None: the tied embedding as the output layer; inference may set a faster
-        # equivalent (``model.lowp``, ``model.int8``), never part of the state dict
+        # equivalent (``model.lowp``, ``model.int8``, ``model.half``), never part of the state dict
         self.lm_head: nn.Module | None = None
         self.apply(self._init)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
