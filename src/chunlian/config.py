@@ -50,7 +50,9 @@ class Settings(BaseSettings):
     # CPU has AMX) is +14% at 128-row batches there, no gain at 64, -12% for a lone request,
     # and 1.5% of answers then depend on their batch companions; int8 (model.int8, any x86
     # CPU) is faster at every batch size and batch-invariant, but changes a third of the
-    # answers (BLEU the same); so fp32 by default
+    # answers (BLEU the same); float16 (model.half: the fp16 kernel for small batches) cuts a
+    # lone request by a third where memory is slow (AVX2 host: 42 vs 58-65 ms), changes 1.3%
+    # of the answers and slows large batches 4-9%; so fp32 by default
     matmul: Matmul = "float32"
     # run the engine core (model, scheduler) in its own process (engine.process): the web
     # server and the engine then hold separate interpreter locks and can use separate cores.
