@@ -151,6 +151,18 @@ def test_channel_scores_are_the_reverse_teacher_forced_log_probabilities() -> No
         scorer.score([("春回大地", "福满人", "traditional")])
 
 
+def test_logits_of_the_last_positions_are_the_tail_of_the_full_pass() -> None:
+    loaded = shipped()
+    tok, model = loaded.tokenizer, loaded.model
+    idx = torch.tensor([tok.prefix("traditional") + tok.encode("福满人间") + [tok.sep_id] + tok.encode("春回大")] * 2)
+    pos = torch.arange(idx.shape[1]).expand_as(idx)
+    role = torch.zeros_like(idx)
+    with torch.inference_mode():
+        full, tail = model(idx, pos, role), model(idx, pos, role, last=3)
+    assert tail.shape == (2, 3, len(tok))
+    assert torch.allclose(tail, full[:, -3:], atol=1e-5)
+
+
 def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:
     """The generator's reranked answer is the candidate of its own beam with the best
     ``logprob + W * channel (+ F * rescore)``; without a term it is the beam's best."""

@@ -118,7 +118,7 @@ class BeamSearcher:
         # every request's prompt state copied into its K beam rows
         expand = torch.arange(B, device=dev).repeat_interleave(K)  # [R]
         for cache in caches:
-            self._reorder(cache, expand)
+            self._reorder(cache, expand, T)
         logits = logits[expand]
         states = [LineState(style=style, upper=upper, upper_len=n) for upper, style in items for _ in range(K)]
         # only beam 0 of each request is live at the start (the K copies are identical)
@@ -145,7 +145,7 @@ class BeamSearcher:
             beam, ids = flat // V, flat % V
             src = (torch.arange(B, device=dev)[:, None] * K + beam).reshape(R)  # [R]
             for cache in caches:
-                self._reorder(cache, src)
+                self._reorder(cache, src, T + j)  # the prompt and the j tokens fed so far
             src_l, ids_l = src.tolist(), ids.reshape(R).tolist()
             new_states = []
             for r in range(R):
@@ -171,8 +171,11 @@ class BeamSearcher:
         ]
 
     @staticmethod
-    def _reorder(cache: KVCache, src: Tensor) -> None:
+    def _reorder(cache: KVCache, src: Tensor, length: int) -> None:
+        """Rows ``0 .. R-1`` of the cache become rows ``src``: their first ``length``
+        positions, the ones written so far (the rest is never attended to; copying all
+        ``block_size`` positions took half of a width-32 search here)."""
         R = src.shape[0]
-        cache.k[:, :R] = cache.k[:, src]
-        cache.v[:, :R] = cache.v[:, src]
+        cache.k[:, :R, :, :length] = cache.k[:, src, :, :length]
+        cache.v[:, :R, :, :length] = cache.v[:, src, :, :length]
 

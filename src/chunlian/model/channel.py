@@ -76,11 +76,12 @@ class ChannelScorer:
         B, T = idx.shape
         pos = torch.arange(T, device=dev).expand(B, T)
         role = torch.tensor(sequence_roles(n, n - 1), device=dev).expand(B, T)
-        logp = torch.log_softmax(self.model(idx, pos, role).float(), dim=-1)  # [B, T, V]
-        picked = logp.gather(2, tgt[..., None])[..., 0]  # [B, T]
-        # targets from index 3 + n on are the 上联's characters (after SEP)
-        upper_lp = picked[:, 3 + n :]  # [B, n]
-        known = tgt[:, 3 + n :] != tok.unk_id
+        # targets from index 3 + n on are the 上联's characters (after SEP): the last n
+        # positions' logits only (the rest would be most of the pass's head and softmax)
+        logp = torch.log_softmax(self.model(idx, pos, role, last=n).float(), dim=-1)  # [B, n, V]
+        up_tgt = tgt[:, 3 + n :]  # [B, n]
+        upper_lp = logp.gather(2, up_tgt[..., None])[..., 0]  # [B, n]
+        known = up_tgt != tok.unk_id
         return (upper_lp * known).sum(dim=1).tolist()
 
 

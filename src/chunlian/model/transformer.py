@@ -269,20 +269,37 @@ class CoupletTransformer(nn.Module):
         row0: int = 0,
         cache_pos: Tensor | None = None,  # [B] decode positions
         select: Tensor | None = None,  # [B] the one position per row whose logits are wanted
+        last: int | None = None,  # logits of each row's last ``last`` positions only
     ) -> Tensor:
-        """Logits ``[B, T, vocab]``, or ``[B, vocab]`` at positions ``select`` when given."""
+        """Logits ``[B, T, vocab]``, ``[B, vocab]`` at positions ``select`` when given, or
+        ``[B, last, vocab]`` with ``last`` (the LM head is most of a scoring pass's work)."""
         B, T = idx.shape
         if mask is None:
             causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
             mask = causal.expand(B, T, T)
-        logits = self.forward_groups([GroupInput(idx, pos, role, mask, row0, cache_pos, select)], cache)
-        return logits if select is not None else logits.view(B, T, -1)
+        h = self.hidden_groups([GroupInput(idx, pos, role, mask, row0, cache_pos, select)], cache)
+        if select is not None:
+            return self.head(h)
+        if last is not None:
+            return self.head(h.view(B, T, -1)[:, T - last :].reshape(B * last, -1)).view(B, last, -1)
+        return self.head(h).view(B, T, -1)
+
+    def head(self, h: Tensor) -> Tensor:
+        """Final LayerNorm and the LM head: hidden ``[N, D]`` -> logits ``[N, vocab]``."""
+        x = self.ln_f(h)
+        if self.lm_head is not None:
+            return self.lm_head(x)  # type: ignore[no-any-return]
+        return F.linear(x, self.tok_emb.weight)  # tied embeddings
 
     def forward_groups(self, inputs: list[GroupInput], cache: KVCache | None = None) -> Tensor:
         """One pass over several groups of rows - say a decode step of the live rows and the
         prefill of new ones - whose linear layers run over all their tokens at once (one
         matrix product instead of one per group), attention per group. Logits ``[N', vocab]``:
         every token of each group in order, or its ``select`` positions only."""
+        return self.head(self.hidden_groups(inputs, cache))
+
+    def hidden_groups(self, inputs: list[GroupInput], cache: KVCache | None = None) -> Tensor:
+        """``forward_groups`` before the final LayerNorm and the head: ``[N', D]``."""
         groups: list[Group] = []
         xs: list[Tensor] = []
         for gi in inputs:
@@ -303,10 +320,7 @@ class CoupletTransformer(nn.Module):
             # the last block computes only the wanted positions: its outputs elsewhere feed
             # nothing (a prefill wants one position a row; about 1/8 of its work saved)
             x = block(x, groups, i, cache, i == last)
-        x = self.ln_f(x)
-        if self.lm_head is not None:
-            return self.lm_head(x)  # type: ignore[no-any-return]
-        return F.linear(x, self.tok_emb.weight)  # tied embeddings: [N', vocab]
+        return x  # type: ignore[no-any-return]
 
 
 def decode_positions(cache_pos: Tensor, n_head: int, max_len: int, row0: int = 0) -> Tensor:
