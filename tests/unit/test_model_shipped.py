@@ -161,6 +161,9 @@ def test_logits_of_the_last_positions_are_the_tail_of_the_full_pass() -> None:
         full, tail = model(idx, pos, role), model(idx, pos, role, last=3)
     assert tail.shape == (2, 3, len(tok))
     assert torch.allclose(tail, full[:, -3:], atol=1e-5)
+    for bad in (0, idx.shape[1] + 1):
+        with pytest.raises(ValueError, match="last must be"):
+            model(idx, pos, role, last=bad)
 
 
 def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:

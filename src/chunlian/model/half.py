@@ -18,10 +18,11 @@ shipped weights themselves (they are stored in fp16); what rounding changes is t
 activations between layers. The residual stream, LayerNorm, attention, the KV cache and
 the rules stay fp32.
 
-End to end on that host (docs/benchmarks.md, fourteenth session): a lone request 45-48 ms
-against 68-72 in fp32 (opt-in int8: 48-52); validation BLEU-4 3.261 against 3.289, 24 of
-2,000 answers different from fp32's. Large batches are fp32-speed (4% slower at 128 rows
-for the roundings). fp32 stays the default; ``float16`` suits low-traffic deployments on
+End to end on that host (docs/benchmarks.md, fourteenth session): a lone request 42 ms
+against 58-65 in fp32 (opt-in int8: 44-48); validation BLEU-4 3.263 one request at a time
+and 3.288 at 128 rows, against fp32's 3.289; 25 of 2,000 answers differ from fp32's, 11
+between one at a time and 128 rows (fp32: none). Large batches are 4-9% slower than fp32
+(the roundings). fp32 stays the default; ``float16`` suits low-traffic deployments on
 CPUs like that one, where most steps run a few rows.
 """
 

@@ -65,7 +65,8 @@ def bf16_supported() -> bool:
 
 def resolve_matmul(requested: str, device: str) -> str:
     """``auto`` -> ``bfloat16`` on a CPU with AMX, else ``float32``; an explicit
-    ``bfloat16`` needs a CPU device with oneDNN bf16 support."""
+    ``bfloat16`` needs a CPU device with oneDNN bf16 support, ``int8`` fbgemm, ``float16``
+    (``model.half``) a CPU device."""
     if requested not in MATMUL_CHOICES:
         raise ConfigError(f"matmul must be one of {', '.join(MATMUL_CHOICES)}, got {requested!r}")
     if requested == "auto":

@@ -274,6 +274,8 @@ class CoupletTransformer(nn.Module):
         """Logits ``[B, T, vocab]``, ``[B, vocab]`` at positions ``select`` when given, or
         ``[B, last, vocab]`` with ``last`` (the LM head is most of a scoring pass's work)."""
         B, T = idx.shape
+        if last is not None and (select is not None or not 0 < last <= T):
+            raise ValueError(f"last must be in 1..{T} and not given with select, got {last}")
         if mask is None:
             causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
             mask = causal.expand(B, T, T)
