@@ -16,7 +16,6 @@ from pathlib import Path
 
 from model_report import latency  # this script's folder is on sys.path: one timing loop for both
 
-from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
 from chunlian.offline import QUALITY, OfflineGenerator
 from chunlian.training.eval_run import read_eval_pairs
 
@@ -31,9 +30,7 @@ def main() -> None:
     uppers = [u for u, _ in read_eval_pairs(args.val, args.lines)]
     gens = {
         "greedy": OfflineGenerator.load(None, "cpu", capacity=1),
-        "quality": OfflineGenerator.load(QUALITY_WEIGHTS, "cpu", capacity=64, beam_width=QUALITY.beam_width,
-                                         channel_weight=QUALITY.channel_weight, rescore=(DEFAULT_WEIGHTS,),
-                                         rescore_weight=QUALITY.rescore_weight),
+        "quality": OfflineGenerator.load_quality("cpu", capacity=64),
     }
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in gens}
     for r in range(args.rounds):

@@ -147,6 +147,17 @@ class OfflineGenerator:
         return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight, members,
                    rescorers, rescore_weight)
 
+    @classmethod
+    def load_quality(cls, device: str = "cpu", capacity: int = 64) -> OfflineGenerator:
+        """The offline quality mode (``QUALITY``): the reverse-trained weights' beam, reranked
+        by their channel score and by the shipped weights (the CLI's ``--quality`` builds the
+        same from its flags, which may override each part)."""
+        from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
+
+        return cls.load(QUALITY_WEIGHTS, device, capacity=capacity, beam_width=QUALITY.beam_width,
+                        channel_weight=QUALITY.channel_weight, rescore=(DEFAULT_WEIGHTS,),
+                        rescore_weight=QUALITY.rescore_weight)
+
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
         """Results in input order; a request that fails yields its error, not an abort.
 

@@ -444,3 +444,12 @@ def test_eval_with_channel_reranking_reports_its_weight_and_refuses_it_without_a
     assert cli_main(["generate", "春回大地", "--quality", "--json"]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["upper"] == "春回大地" and len(line["lower"]) == 4 and len(line["hengpi"]) == 4
+
+
+def test_load_quality_is_the_preset() -> None:
+    from chunlian.offline import QUALITY, OfflineGenerator
+
+    gen = OfflineGenerator.load_quality("cpu", capacity=4)
+    assert gen.loaded.version == "rev-step9000" and gen.beam_width == QUALITY.beam_width
+    assert gen.channel_weight == QUALITY.channel_weight and gen.rescore_weight == QUALITY.rescore_weight
+    assert [m.version for m in gen.rescorers] == [shipped().version]

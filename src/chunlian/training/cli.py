@@ -23,8 +23,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from chunlian.data.corpus import read_pairs
-    from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
-    from chunlian.offline import QUALITY, OfflineGenerator
+    from chunlian.offline import OfflineGenerator
     from chunlian.training.distill import (
         DISTILLED,
         build_data_dir,
@@ -53,10 +52,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
     todo = [p for p in sample if p.upper not in done]
     t0 = time.perf_counter()
     if todo:
-        teacher = OfflineGenerator.load(
-            QUALITY_WEIGHTS, args.device, capacity=args.batch_size, beam_width=QUALITY.beam_width,
-            channel_weight=QUALITY.channel_weight, rescore=(DEFAULT_WEIGHTS,), rescore_weight=QUALITY.rescore_weight,
-        )
+        teacher = OfflineGenerator.load_quality(args.device, capacity=args.batch_size)
         with tqdm(total=len(sample), initial=len(sample) - len(todo), desc="distill", unit="line",
                   disable=args.quiet) as bar:
             run_teacher(teacher, todo, path, chunk=args.batch_size, on_chunk=bar.update)
