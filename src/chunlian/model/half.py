@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chunlian.model.transformer import Block, CoupletTransformer
+from chunlian.model.transformer import CoupletTransformer, block_linears
 
 F16 = torch.float16
 # fp16 kernel below this many rows, the fp32 product of the fp16-rounded operands from it
@@ -71,11 +71,9 @@ class HalfLinear(HalfProduct):
 def use_half_matmuls(model: CoupletTransformer) -> None:
     """Swap the model's linear layers and its tied LM head for fp16-weight ones, in place
     (inference only: they compute with copies made now). Idempotent."""
-    for block in model.blocks:
-        assert isinstance(block, Block)
-        for owner, name in ((block.attn, "qkv"), (block.attn, "proj"), (block, "fc"), (block, "out")):
-            layer = getattr(owner, name)
-            if isinstance(layer, nn.Linear):
-                setattr(owner, name, HalfLinear(layer.weight, layer.bias))
+    for _, owner, attr in block_linears(model):
+        layer = getattr(owner, attr)
+        if isinstance(layer, nn.Linear):
+            setattr(owner, attr, HalfLinear(layer.weight, layer.bias))
     if not isinstance(model.lm_head, HalfProduct):
         model.lm_head = HalfProduct(model.tok_emb.weight, None)

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from chunlian.model.tokenizer import PREFIX_LEN, Tokenizer, lower_role, upper_role
-from chunlian.model.transformer import Block, CoupletTransformer, KVCache
+from chunlian.model.transformer import CoupletTransformer, KVCache, block_linears
 
 # inputs outside the calibrated range by up to this share of its width still quantise
 # without clamping (the range is widened on both sides)
@@ -113,16 +113,6 @@ def calibration_uppers() -> list[str]:
     return sample_uppers()[::2]
 
 
-def _linears(model: CoupletTransformer) -> list[tuple[str, nn.Module, str]]:
-    """``(state-dict name, owner, attribute)`` of every block's linear layer."""
-    out: list[tuple[str, nn.Module, str]] = []
-    for i, block in enumerate(model.blocks):
-        assert isinstance(block, Block)
-        out += [(f"blocks.{i}.attn.qkv", block.attn, "qkv"), (f"blocks.{i}.attn.proj", block.attn, "proj"),
-                (f"blocks.{i}.fc", block, "fc"), (f"blocks.{i}.out", block, "out")]
-    return out
-
-
 @torch.inference_mode()
 def calibrate(model: CoupletTransformer, tok: Tokenizer, uppers: list[str]) -> dict[str, ActRange]:
     """Input range of every linear layer (``"blocks.{i}.attn.qkv"`` ...) and of the LM
@@ -139,7 +129,7 @@ def calibrate(model: CoupletTransformer, tok: Tokenizer, uppers: list[str]) -> d
             r[0], r[1] = min(r[0], lo), max(r[1], hi)
         return hook
 
-    for name, owner, attr in _linears(model):
+    for name, owner, attr in block_linears(model):
         hooks.append(getattr(owner, attr).register_forward_pre_hook(recorder(name)))
     hooks.append(model.ln_f.register_forward_hook(recorder("lm_head")))  # the head's input
     try:
@@ -182,10 +172,10 @@ def _greedy(model: CoupletTransformer, prompts: list[list[int]], n: int) -> None
 def use_int8_matmuls(model: CoupletTransformer, tok: Tokenizer, uppers: list[str]) -> dict[str, ActRange]:
     """Calibrate on ``uppers`` (fp32), then swap every linear layer and the LM head for an
     ``Int8Linear``, in place (inference only). Returns the ranges used."""
-    if any(isinstance(getattr(o, a), Int8Linear) for _, o, a in _linears(model)):
+    if any(isinstance(getattr(o, a), Int8Linear) for _, o, a in block_linears(model)):
         raise ValueError("the model's linear layers are int8 already")
     ranges = calibrate(model, tok, uppers)
-    for name, owner, attr in _linears(model):
+    for name, owner, attr in block_linears(model):
         layer = getattr(owner, attr)
         setattr(owner, attr, Int8Linear(layer.weight, layer.bias, ranges[name]))
     # the tied embedding, detached: a plain attribute, so no "lm_head.weight" in the state dict

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from chunlian.errors import ConfigError
-from chunlian.model.transformer import Block, CoupletTransformer
+from chunlian.model.transformer import CoupletTransformer, block_linears
 from chunlian.types import MATMUL_CHOICES
 
 BF16 = torch.bfloat16
@@ -130,11 +130,9 @@ def amx_linear(x16: Tensor, packed: Tensor, b16: Tensor | None) -> Tensor:
 def use_bf16_matmuls(model: CoupletTransformer) -> None:
     """Swap the model's linear layers and LM head for bf16 ones, in place (inference only:
     they compute with copies made now, which training would not update). Idempotent."""
-    for block in model.blocks:
-        assert isinstance(block, Block)
-        for owner, name in ((block.attn, "qkv"), (block.attn, "proj"), (block, "fc"), (block, "out")):
-            layer = getattr(owner, name)
-            if isinstance(layer, nn.Linear):
-                setattr(owner, name, BF16Linear(layer.weight, layer.bias))
+    for _, owner, attr in block_linears(model):
+        layer = getattr(owner, attr)
+        if isinstance(layer, nn.Linear):
+            setattr(owner, attr, BF16Linear(layer.weight, layer.bias))
     if not isinstance(getattr(model, "lm_head", None), BF16Head):
         model.lm_head = BF16Head(model.tok_emb.weight)

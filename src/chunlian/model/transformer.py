@@ -325,6 +325,17 @@ class CoupletTransformer(nn.Module):
         return x  # type: ignore[no-any-return]
 
 
+def block_linears(model: CoupletTransformer) -> list[tuple[str, nn.Module, str]]:
+    """``(state-dict name, owner, attribute)`` of every block's linear layer: what the
+    inference precisions (``model.lowp``, ``model.int8``, ``model.half``) swap."""
+    out: list[tuple[str, nn.Module, str]] = []
+    for i, block in enumerate(model.blocks):
+        assert isinstance(block, Block)
+        out += [(f"blocks.{i}.attn.qkv", block.attn, "qkv"), (f"blocks.{i}.attn.proj", block.attn, "proj"),
+                (f"blocks.{i}.fc", block, "fc"), (f"blocks.{i}.out", block, "out")]
+    return out
+
+
 def decode_positions(cache_pos: Tensor, n_head: int, max_len: int, row0: int = 0) -> Tensor:
     """Row indices ``[B * H]`` into a layer's cache viewed as ``[rows * H * max_len, hd]``
     for a decode step's new keys and values: row ``row0 + b``, head ``h``, position
