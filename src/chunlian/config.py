@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     # CPU) is faster at every batch size and batch-invariant, but changes a third of the
     # answers (BLEU the same); float16 (model.half: the fp16 kernel for small batches) cuts a
     # lone request by a third where memory is slow (AVX2 host: 42 vs 58-65 ms), changes 1.3%
-    # of the answers and slows large batches 4-9%; so fp32 by default
+    # of the answers and slows large batches (4-22%); so fp32 by default
     matmul: Matmul = "float32"
     # run the engine core (model, scheduler) in its own process (engine.process): the web
     # server and the engine then hold separate interpreter locks and can use separate cores.

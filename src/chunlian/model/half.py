@@ -21,8 +21,8 @@ the rules stay fp32.
 End to end on that host (docs/benchmarks.md, fourteenth session): a lone request 42 ms
 against 58-65 in fp32 (opt-in int8: 44-48); validation BLEU-4 3.263 one request at a time
 and 3.288 at 128 rows, against fp32's 3.289; 25 of 2,000 answers differ from fp32's, 11
-between one at a time and 128 rows (fp32: none). Large batches are 4-9% slower than fp32
-(the roundings). fp32 stays the default; ``float16`` suits low-traffic deployments on
+between one at a time and 128 rows (fp32: none). Large batches are slower than fp32
+(the roundings: 4-9% at 128 rows, static batches -22% in one run not interleaved). fp32 stays the default; ``float16`` suits low-traffic deployments on
 CPUs like that one, where most steps run a few rows.
 """
 
