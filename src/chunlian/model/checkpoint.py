@@ -69,7 +69,9 @@ def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "f
     ``matmul`` (``model.lowp``): ``float32``; ``bfloat16`` (inference only: linear layers
     on bf16-rounded weights); ``auto``: bfloat16 where the CPU has AMX; ``int8``
     (``model.int8``: int8 weights and fixed-scale activations, calibrated here: 3-4 s on the AMD host);
-    ``float16`` (``model.half``: fp16 weights, the fp16 kernel for small batches)."""
+    ``float16`` (``model.half``: fp16 weights, the fp16 kernel for small batches). In
+    ``float32`` on a CPU the tied LM head runs on oneDNN (``model.onednn``: the same logits,
+    2x faster at 128 rows on AMD hosts; ``model.lm_head = None`` puts PyTorch's kernel back)."""
     from safetensors import safe_open
 
     from chunlian.model.lowp import resolve_matmul, use_bf16_matmuls
@@ -101,5 +103,10 @@ def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "f
         from chunlian.model.half import use_half_matmuls
 
         use_half_matmuls(model)
+    elif chosen == "float32" and device == "cpu":
+        from chunlian.model.onednn import onednn_supported, use_onednn_head
+
+        if onednn_supported():
+            use_onednn_head(model)
     version = meta.get("version") or hashlib.sha256(path.read_bytes()).hexdigest()[:12]
     return LoadedModel(model, tok, meta.get("name", MODEL_NAME), version, chosen)

@@ -1,0 +1,69 @@
+"""The tied LM head through oneDNN on pre-packed weights (fp32, CPU; on by default).
+
+PyTorch's CPU ``F.linear`` calls MKL's ``sgemm``. On AMD CPUs MKL takes a generic code path,
+and for the LM head's shape (``[N, 192] @ [192, 7703]``) it is slow there. Measured on the
+AVX2-only AMD EPYC host (fifteenth session, 2 threads, weights in cache): 390 us at 1 row,
+2.5 ms at 4 rows, 8.7 ms at 128 rows, against 190 us, 0.27 ms and 4.1 ms through oneDNN
+(bundled with PyTorch; its kernels are chosen by instruction set, not by vendor) with the
+weight packed once into oneDNN's blocked layout. The block layers were measured too and are
+left to MKL: 5-10% faster at 128 rows through oneDNN but slower under 16 rows (~35 us more
+fixed cost a call), and no gain end to end in interleaved runs.
+
+**Same numbers.** On that host oneDNN's sums over the model width came out bitwise equal to
+MKL's, and a row's logits are the same whatever the number of rows around it: the 800-line
+benchmark mix gave the same 800 answers at 128 rows, and 100 of them alone, as PyTorch's
+kernel (``docs/benchmarks.md``, fifteenth session). The model tag is therefore unchanged.
+``tests/unit/test_onednn.py`` checks the batch invariance and the closeness on the machine it
+runs on.
+
+**Row buckets.** oneDNN builds a kernel ("primitive") for every new row count, 1.2-1.4 ms
+each here, and caches 1,024 of them; a continuous-batching step's row count takes hundreds
+of values, so from ``MIN_BUCKETED_ROWS`` rows on they are padded up to a multiple of
+``ROW_BUCKET`` (the padded rows' logits are dropped); below it each row count gets its own
+kernel (a lone request's step, a narrow beam).
+
+Not used on CUDA (cuBLAS is the right kernel there) nor with the other precisions
+(``model.lowp``, ``model.int8``, ``model.half``), whose heads are their own.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from chunlian.model.transformer import CoupletTransformer
+
+MIN_BUCKETED_ROWS = 16
+ROW_BUCKET = 16
+
+
+def onednn_supported() -> bool:
+    """PyTorch was built with oneDNN and has its packed linear product."""
+    available = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    return bool(available and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class OnednnHead(nn.Module):
+    """The tied LM head on oneDNN: hidden ``[N, D]`` -> logits ``[N, vocab]``. The packed
+    weight is a plain attribute (a copy made now), so the model's state dict is unchanged;
+    inference only."""
+
+    def __init__(self, weight: Tensor) -> None:
+        super().__init__()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        n = x.shape[0]
+        pad = -n % ROW_BUCKET if n >= MIN_BUCKETED_ROWS else 0
+        if pad:
+            x = F.pad(x, (0, 0, 0, pad))
+        y: Tensor = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
+        return y[:n] if pad else y
+
+
+def use_onednn_head(model: CoupletTransformer) -> None:
+    """Give an fp32 CPU model the oneDNN head, in place (idempotent; a model whose head a
+    lower precision has swapped keeps it)."""
+    if model.lm_head is None:
+        model.lm_head = OnednnHead(model.tok_emb.weight)
