@@ -108,6 +108,54 @@ def test_run_sweep_starts_one_cache_off_server_per_point(monkeypatch: pytest.Mon
     assert [r["requests_per_s"] for r in rows] == [1.0, 8.0, 1.0, 8.0]
 
 
+def test_leading_points_and_mean_row() -> None:
+    rows = [_row(8, 0, 100, 300), _row(16, 0, 150, 400), _row(64, 5, 170, 900), _row(128, 5, 200, 1500),
+            _row(32, 5, 160, 500, errors=1)]
+    # 128 breaks the SLO and 32/5 had errors: the pool is 8, 16 and 64/5, most requests/s first
+    assert sweep.leading_points(rows, 1000, 2) == [(64, 5), (16, 0)]
+    assert sweep.leading_points(rows, 100, 1) == [(128, 5)]  # nothing inside the SLO: all of them
+    runs = [_row(64, 5, 170, 900), _row(64, 5, 130, 1100, errors=2)]
+    runs[1]["mean_batch_size"] = None
+    m = sweep.mean_row(runs)
+    assert (m["max_batch_size"], m["max_wait_ms"], m["requests_per_s"], m["p99_ms"]) == (64, 5, 150.0, 1000.0)
+    assert m["errors"] == 2 and m["requests"] == 200 and m["mean_batch_size"] is None
+    assert m["rounds"] == [{"requests_per_s": 170, "p99_ms": 900}, {"requests_per_s": 130, "p99_ms": 1100}]
+
+
+def test_confirm_points_interleaves_the_rounds_and_the_confirmed_best_wins(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The single pass put 64 first by drift; three interleaved rounds put 128 first."""
+    started: list[tuple[int, float]] = []
+    truth = {(64, 5.0): 150.0, (128, 5.0): 170.0}
+
+    @contextmanager
+    def fake_server(settings: Mapping[str, object]) -> Iterator[_FakeServer]:
+        started.append((int(settings["max_batch_size"]), float(settings["max_wait_ms"])))  # type: ignore[call-overload]
+        assert settings["cache_size"] == 0
+        yield _FakeServer()
+
+    def fake_load(url: str, concurrency: int, duration: float, max_requests: int, plan: Any, **kw: Any) -> _FakeResult:
+        drift = 1.0 - 0.05 * len(started)  # the host slows down run after run
+        return _FakeResult(_rep(truth[started[-1]] * drift, p99_ms=900.0))
+
+    monkeypatch.setattr(sweep, "run_server", fake_server)
+    monkeypatch.setattr(sweep, "run_load", fake_load)
+    load = {"concurrency": 4, "duration_s": 1.0, "warmup_s": 0.0, "max_requests": 10, "unique_ratio": 1.0,
+            "extra_settings": None, "progress": False}
+    confirmed = sweep.confirm_points([(64, 5.0), (128, 5.0)], 3, **load)
+    assert started == [(64, 5.0), (128, 5.0), (128, 5.0), (64, 5.0), (64, 5.0), (128, 5.0)]
+    assert [len(r["rounds"]) for r in confirmed] == [3, 3]
+    assert confirmed[1]["requests_per_s"] > confirmed[0]["requests_per_s"]
+    single = [{**_row(64, 5.0, 160.0, 900.0), "report": {}}, {**_row(128, 5.0, 140.0, 900.0), "report": {}}]
+    paths = sweep.write_outputs(single, tmp_path, {"title": "t"}, 1000.0, confirmed=confirmed)
+    doc = json.loads(paths["json"].read_text(encoding="utf-8"))
+    assert doc["best"]["max_batch_size"] == 128 and doc["best_single_pass"]["max_batch_size"] == 64
+    md = paths["md"].read_text(encoding="utf-8")
+    assert "Best by the single pass: max_batch_size=64" in md
+    assert "Best here (confirmed): max_batch_size=128" in md and "2 leading points measured again in 3" in md
+
+
 # ---- compare ----------------------------------------------------------------------------------
 
 
@@ -173,10 +221,13 @@ def test_cli_parses_the_bench_commands() -> None:
     assert a.url == "http://127.0.0.1:8000" and a.requests == 100_000
     s = ap.parse_args(["bench", "sweep", "--batch-sizes", "1,8", "--wait-ms", "0,5"])
     assert s.batch_sizes == (1, 8) and s.wait_ms == (0.0, 5.0) and s.duration == 10.0 and s.concurrency == 128
+    assert (s.confirm_rounds, s.confirm_top) == (2, 3)
+    assert ap.parse_args(["bench", "sweep", "--confirm-rounds", "0"]).confirm_rounds == 0
     c = ap.parse_args(["bench", "compare"])
     assert c.repeat_ratio == 0.3 and c.out_dir == Path("benchmarks")
     for bad in (["bench", "http", "--unique-ratio", "2"], ["bench", "sweep", "--batch-sizes", "0,8"],
-                ["bench", "http", "--duration", "0"]):
+                ["bench", "http", "--duration", "0"], ["bench", "sweep", "--confirm-rounds", "-1"],
+                ["bench", "sweep", "--confirm-top", "0"]):
         with pytest.raises(SystemExit):
             ap.parse_args(bad)
 

@@ -45,6 +45,16 @@ def _ratio(text: str) -> float:
     return v
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return v
+
+
 def positive(kind: type) -> Any:
     """An argparse type: ``kind`` of the text, which must be > 0."""
     def conv(text: str) -> Any:
@@ -106,23 +116,30 @@ def cmd_http(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from chunlian.bench.sweep import run_sweep, write_outputs
+    from chunlian.bench.sweep import confirm_points, leading_points, run_sweep, write_outputs
 
+    load = {"concurrency": args.concurrency, "duration_s": args.duration, "warmup_s": args.warmup,
+            "max_requests": args.requests, "unique_ratio": 1.0, "extra_settings": _server_settings(args),
+            "progress": _progress(args)}
     try:
-        rows = run_sweep(args.batch_sizes, args.wait_ms, concurrency=args.concurrency,
-                         duration_s=args.duration, warmup_s=args.warmup, max_requests=args.requests,
-                         data=args.data, extra_settings=_server_settings(args),
-                         progress=_progress(args), log=sys.stderr)
+        rows = run_sweep(args.batch_sizes, args.wait_ms, data=args.data, log=sys.stderr, **load)
+        confirmed = None
+        if args.confirm_rounds:
+            table = [{k: v for k, v in r.items() if k != "report"} for r in rows]
+            points = leading_points(table, args.slo_p99_ms, args.confirm_top)
+            confirmed = confirm_points(points, args.confirm_rounds, data=args.data, log=sys.stderr, **load)
     except (ValueError, OSError) as e:
         return _fail(str(e))
     except RuntimeError as e:
         return _fail(str(e), 1)
     meta = {"title": args.title, "concurrency": args.concurrency, "duration_s": args.duration,
-            "warmup_s": args.warmup, **{k: v for k, v in _server_settings(args).items() if v is not None}}
+            "warmup_s": args.warmup, "confirm_rounds": args.confirm_rounds,
+            **{k: v for k, v in _server_settings(args).items() if v is not None}}
     meta = {k: (str(v) if isinstance(v, Path) else v) for k, v in meta.items()}
-    paths = write_outputs(rows, args.out_dir, meta, args.slo_p99_ms, args.plot)
+    paths = write_outputs(rows, args.out_dir, meta, args.slo_p99_ms, args.plot, confirmed)
     if args.json:
         print(json.dumps({"rows": [{k: v for k, v in r.items() if k != "report"} for r in rows],
+                          "confirmation": confirmed or [],
                           "files": {k: str(p) for k, p in paths.items()}}, ensure_ascii=False))
     else:
         print(paths["md"].read_text(encoding="utf-8"))
@@ -202,6 +219,11 @@ def register(bsub: Any) -> None:
     s.add_argument("--requests", type=positive(int), default=1_000_000, help="most requests per point")
     s.add_argument("--slo-p99-ms", type=positive(float), default=1000.0,
                    help="p99 bound used to pick the best point (default 1000)")
+    s.add_argument("--confirm-rounds", type=_non_negative_int, default=2,
+                   help="measure the leading points again in this many interleaved rounds and choose "
+                        "the best among their means (default 2; 0: the single pass decides)")
+    s.add_argument("--confirm-top", type=positive(int), default=3,
+                   help="how many leading points to measure again (default 3)")
     s.add_argument("--plot", type=Path, default=None, help="the plot's path (default OUT_DIR/sweep.png)")
     s.add_argument("--title", default="", help="a title for the table and the plot")
     s.set_defaults(fn=cmd_sweep)
