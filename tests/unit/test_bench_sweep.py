@@ -210,6 +210,34 @@ def test_run_compare_measures_both_sides_on_both_loads(tmp_path: Path) -> None:
     assert "30% of requests repeat" in paths["md"].read_text(encoding="utf-8")
 
 
+def test_run_compare_rounds_swap_the_sides_and_average_them(tmp_path: Path) -> None:
+    """Three rounds: the baseline first, then chunlian first, then the baseline again; the
+    table is built from the means, and each round's ratios and their median are kept."""
+    calls: list[tuple[str, float]] = []
+    baseline_rps = iter([20.0, 18.0, 25.0, 20.0, 20.0, 15.0])  # mixed, misses, for each round
+
+    def fake(settings: Mapping[str, object], unique_ratio: float) -> dict[str, Any]:
+        side = "baseline" if settings.get("max_batch_size") == 1 else "chunlian"
+        calls.append((side, unique_ratio))
+        if side == "baseline":
+            return _rep(next(baseline_rps), p99_ms=4000.0, mean_ms=3000.0)
+        return _rep(300.0, p99_ms=500.0, mean_ms=200.0, mean_hit_ms=None)
+
+    result = compare.run_compare(repeat_ratio=0.3, run_fn=fake, progress=False, rounds=3)
+    assert calls == [("baseline", 0.7), ("chunlian", 0.7), ("baseline", 1.0), ("chunlian", 1.0),
+                     ("chunlian", 0.7), ("baseline", 0.7), ("chunlian", 1.0), ("baseline", 1.0),
+                     ("baseline", 0.7), ("chunlian", 0.7), ("baseline", 1.0), ("chunlian", 1.0)]
+    assert result["by_round"]["ratio_requests_per_s_misses_only"] == [16.667, 15.0, 20.0]
+    assert result["median_ratio_requests_per_s_misses_only"] == 16.667
+    assert result["runs"]["baseline_misses"]["requests_per_s"] == 17.667  # (18 + 20 + 15) / 3
+    assert result["ratio_requests_per_s_misses_only"] == round(300.0 / 17.667, 3)
+    assert result["runs"]["chunlian_mixed"]["mean_hit_ms"] is None and len(result["rounds"]) == 3
+    md = compare.write_outputs(result, tmp_path)["md"].read_text(encoding="utf-8")
+    assert "3 rounds" in md and "misses only: 16.667× / 15× / 20× (median 16.667×)" in md
+    with pytest.raises(ValueError, match="rounds must be 1 or more"):
+        compare.run_compare(run_fn=fake, rounds=0)
+
+
 # ---- CLI --------------------------------------------------------------------------------------
 
 
@@ -224,10 +252,11 @@ def test_cli_parses_the_bench_commands() -> None:
     assert (s.confirm_rounds, s.confirm_top) == (2, 3)
     assert ap.parse_args(["bench", "sweep", "--confirm-rounds", "0"]).confirm_rounds == 0
     c = ap.parse_args(["bench", "compare"])
-    assert c.repeat_ratio == 0.3 and c.out_dir == Path("benchmarks")
+    assert c.repeat_ratio == 0.3 and c.out_dir == Path("benchmarks") and c.rounds == 1
+    assert ap.parse_args(["bench", "compare", "--rounds", "3"]).rounds == 3
     for bad in (["bench", "http", "--unique-ratio", "2"], ["bench", "sweep", "--batch-sizes", "0,8"],
                 ["bench", "http", "--duration", "0"], ["bench", "sweep", "--confirm-rounds", "-1"],
-                ["bench", "sweep", "--confirm-top", "0"]):
+                ["bench", "sweep", "--confirm-top", "0"], ["bench", "compare", "--rounds", "0"]):
         with pytest.raises(SystemExit):
             ap.parse_args(bad)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -14,6 +15,24 @@ def percentile(xs: list[float], q: float) -> float:
         return 0.0
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def mean_fields(records: list[dict[str, Any]], summed: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The numeric top-level fields of several runs' records as one: averaged (to 3 decimals),
+    or summed for ``summed`` keys; a field some record lacks or holds None becomes None, and
+    fields that hold something else (text, lists, mappings) in the first record are left out."""
+    out: dict[str, Any] = {}
+    for key, first in records[0].items():
+        if first is not None and (isinstance(first, bool) or not isinstance(first, int | float)):
+            continue
+        values = [r.get(key) for r in records]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            out[key] = None
+        elif key in summed:
+            out[key] = sum(values)
+        else:
+            out[key] = round(sum(values) / len(values), 3)  # type: ignore[arg-type]
+    return out
 
 
 def wait_until_ok(

@@ -153,16 +153,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         result = run_compare(concurrency=args.concurrency, duration_s=args.duration, warmup_s=args.warmup,
                              repeat_ratio=args.repeat_ratio, hot_size=args.hot_size, data=args.data,
-                             extra_settings=_server_settings(args), progress=_progress(args))
+                             extra_settings=_server_settings(args), progress=_progress(args),
+                             rounds=args.rounds)
     except (ValueError, OSError) as e:
         return _fail(str(e))
     except RuntimeError as e:
         return _fail(str(e), 1)
     paths = write_outputs(result, args.out_dir)
     if args.json:
-        print(json.dumps({k: v for k, v in result.items() if k != "runs"}, ensure_ascii=False))
+        print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "rounds")}, ensure_ascii=False))
     else:
         print(text_table(result["table"]))
+        if "by_round" in result:
+            print(f"misses-only ratio by round: {result['by_round']['ratio_requests_per_s_misses_only']} "
+                  f"(median {result['median_ratio_requests_per_s_misses_only']})")
         print("written: " + ", ".join(str(p) for p in paths.values()))
     return 0
 
@@ -234,4 +238,7 @@ def register(bsub: Any) -> None:
     c.add_argument("--repeat-ratio", type=_ratio, default=0.3,
                    help="share of requests repeating the hot set in the mixed load (default 0.3)")
     c.add_argument("--hot-size", type=positive(int), default=16, help="lines in the hot set (default 16)")
+    c.add_argument("--rounds", type=positive(int), default=1,
+                   help="repeat the four runs, before and after swapping places every other round; the "
+                        "table averages them and each round's ratios are kept (default 1)")
     c.set_defaults(fn=cmd_compare)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chunlian.bench.common import wait_until_ok
+from chunlian.bench.common import mean_fields, wait_until_ok
 from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
 
@@ -248,20 +248,11 @@ def leading_points(rows: list[dict[str, Any]], slo_p99_ms: float, top: int) -> l
 
 def mean_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One point's rows from several runs as one: numeric figures averaged (None if any run
-    lacks one), errors summed, each run's requests/s and p99 kept under ``"rounds"``."""
-    out: dict[str, Any] = {"max_batch_size": runs[0]["max_batch_size"], "max_wait_ms": runs[0]["max_wait_ms"]}
-    for key, first in runs[0].items():
-        if key in out or key == "report" or not isinstance(first, int | float):
-            continue
-        values = [r.get(key) for r in runs]
-        if key in ("errors", "requests"):
-            out[key] = sum(v or 0 for v in values)
-        elif all(isinstance(v, int | float) for v in values):
-            out[key] = round(sum(values) / len(values), 2)  # type: ignore[arg-type]
-        else:
-            out[key] = None
-    for key in ("p99_ms", "mean_batch_size"):
-        out.setdefault(key, None)
+    lacks one), errors and requests summed, each run's requests/s and p99 kept under ``"rounds"``."""
+    out: dict[str, Any] = {"max_batch_size": runs[0]["max_batch_size"], "max_wait_ms": runs[0]["max_wait_ms"],
+                           "p99_ms": None, "mean_batch_size": None}
+    fields = mean_fields([{k: v for k, v in r.items() if k != "report"} for r in runs], ("errors", "requests"))
+    out.update({k: v for k, v in fields.items() if k not in ("max_batch_size", "max_wait_ms")})
     out["rounds"] = [{"requests_per_s": r["requests_per_s"], "p99_ms": r["p99_ms"]} for r in runs]
     return out
 
