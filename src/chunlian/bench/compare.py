@@ -152,7 +152,6 @@ def run_compare(
     runs = per_round[0] if rounds == 1 else {name: mean_fields([rr[name] for rr in per_round])
                                              for name, _, _ in plan}
     table = build_table(runs)
-    by_round = [build_table(rr)[:2] for rr in per_round]
     result: dict[str, Any] = {
         "meta": {"concurrency": concurrency, "duration_s": duration_s, "warmup_s": warmup_s,
                  "repeat_ratio": repeat_ratio, "hot_size": hot_size, "lines": len(lines), "rounds": rounds,
@@ -163,6 +162,7 @@ def run_compare(
         "runs": runs,
     }
     if rounds > 1:
+        by_round = [build_table(rr)[:2] for rr in per_round]
         mixed_ratios = [t[0]["ratio"] for t in by_round]
         miss_ratios = [t[1]["ratio"] for t in by_round]
         result["by_round"] = {"ratio_requests_per_s": mixed_ratios, "ratio_requests_per_s_misses_only": miss_ratios}

@@ -125,8 +125,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         rows = run_sweep(args.batch_sizes, args.wait_ms, data=args.data, log=sys.stderr, **load)
         confirmed = None
         if args.confirm_rounds:
-            table = [{k: v for k, v in r.items() if k != "report"} for r in rows]
-            points = leading_points(table, args.slo_p99_ms, args.confirm_top)
+            points = leading_points(rows, args.slo_p99_ms, args.confirm_top)
             confirmed = confirm_points(points, args.confirm_rounds, data=args.data, log=sys.stderr, **load)
     except (ValueError, OSError) as e:
         return _fail(str(e))

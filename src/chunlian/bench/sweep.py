@@ -114,12 +114,18 @@ def point_row(batch: int, wait_ms: float, rep: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def _candidates(rows: list[dict[str, Any]], slo_p99_ms: float) -> list[dict[str, Any]]:
+    """The points a best one is chosen from: those without errors and with p99 within the
+    SLO, or, when there are none, every point with a p99."""
+    ok = [r for r in rows if r["errors"] == 0 and r["p99_ms"] is not None and r["p99_ms"] <= slo_p99_ms]
+    return ok or [r for r in rows if r["p99_ms"] is not None]
+
+
 def pick_best(rows: list[dict[str, Any]], slo_p99_ms: float, near: float = 0.05) -> dict[str, Any] | None:
     """The best point: among those without errors and with p99 within the SLO, the ones
     within ``near`` of the highest requests/s; of those, the lowest p99. Without any point
     inside the SLO, the highest requests/s."""
-    ok = [r for r in rows if r["errors"] == 0 and r["p99_ms"] is not None and r["p99_ms"] <= slo_p99_ms]
-    pool = ok or [r for r in rows if r["p99_ms"] is not None]
+    pool = _candidates(rows, slo_p99_ms)
     if not pool:
         return None
     top = max(r["requests_per_s"] for r in pool)
@@ -240,9 +246,7 @@ def run_sweep(
 
 def leading_points(rows: list[dict[str, Any]], slo_p99_ms: float, top: int) -> list[tuple[int, float]]:
     """The ``top`` points with the most requests/s among those ``pick_best`` chooses from."""
-    ok = [r for r in rows if r["errors"] == 0 and r["p99_ms"] is not None and r["p99_ms"] <= slo_p99_ms]
-    pool = ok or [r for r in rows if r["p99_ms"] is not None]
-    pool = sorted(pool, key=lambda r: -r["requests_per_s"])[:top]
+    pool = sorted(_candidates(rows, slo_p99_ms), key=lambda r: -r["requests_per_s"])[:top]
     return [(r["max_batch_size"], r["max_wait_ms"]) for r in pool]
 
 
@@ -282,8 +286,8 @@ def _rule(best: dict[str, Any], slo_p99_ms: float) -> str:
             else f"no point kept p99 <= {slo_p99_ms:g} ms at this concurrency, so the highest requests/s")
 
 
-def _best_line(best: dict[str, Any], slo_p99_ms: float, how: str) -> str:
-    return (f"Best here{how}: max_batch_size={best['max_batch_size']}, max_wait_ms={_fmt(best['max_wait_ms'])} "
+def _best_line(best: dict[str, Any], slo_p99_ms: float, label: str = "Best here") -> str:
+    return (f"{label}: max_batch_size={best['max_batch_size']}, max_wait_ms={_fmt(best['max_wait_ms'])} "
             f"({best['requests_per_s']} req/s, p99 {best['p99_ms']} ms; rule: {_rule(best, slo_p99_ms)}, "
             "points within 5% of it broken by the lower p99).")
 
@@ -317,10 +321,10 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any
                "reversed every other round), so that the host's drift between points a pass apart "
                "does not choose the setting:", "", confirmation_table(confirmed), ""]
         if single is not None:
-            md.append(_best_line(single, slo_p99_ms, " by the single pass").replace("Best here", "Best"))
+            md.append(_best_line(single, slo_p99_ms, "Best by the single pass"))
             md.append("")
     if best is not None:
-        md.append(_best_line(best, slo_p99_ms, " (confirmed)" if confirmed else ""))
+        md.append(_best_line(best, slo_p99_ms, "Best here (confirmed)" if confirmed else "Best here"))
     paths = {"md": out_dir / "sweep.md", "json": out_dir / "sweep.json",
              "png": plot_path or out_dir / "sweep.png"}
     paths["md"].write_text("\n".join(md) + "\n", encoding="utf-8")

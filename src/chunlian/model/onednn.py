@@ -16,7 +16,7 @@ kernel (``docs/benchmarks.md``, fifteenth session). The model tag is therefore u
 ``tests/unit/test_onednn.py`` checks the batch invariance and the closeness on the machine it
 runs on.
 
-**Row buckets.** oneDNN builds a kernel ("primitive") for every new row count, 1.2-1.4 ms
+**Row buckets.** oneDNN builds a kernel ("primitive") for every new row count, 1.2-2.1 ms
 each here, and caches 1,024 of them; a continuous-batching step's row count takes hundreds
 of values, so from ``MIN_BUCKETED_ROWS`` rows on they are padded up to a multiple of
 ``ROW_BUCKET`` (the padded rows' logits are dropped); below it each row count gets its own
