@@ -226,6 +226,49 @@ def test_forward_scores_are_the_teacher_forced_lower_log_probabilities() -> None
     assert all(x < 0 for x in fwd.score(triples))
 
 
+def test_forward_scores_share_each_prompt_and_equal_a_full_teacher_forced_pass() -> None:
+    """The scorer runs each distinct prompt once and every candidate after its keys and
+    values; the numbers are a plain full pass's over ``prefix upper [SEP] lower``, for
+    candidates sharing a prompt, prompts of two styles and one-character lines."""
+    from chunlian.model.channel import ChannelScorer
+    from chunlian.model.tokenizer import sequence_roles
+
+    loaded = shipped()
+    tok, model = loaded.tokenizer, loaded.model
+    triples = [("春回大地", "福满人间", "traditional"), ("春回大地", "花开富贵", "traditional"),
+               ("春回大地", "福满人间", "family"), ("瑞雪兆丰", "红梅报早", "traditional"),
+               ("福", "春", "traditional"), ("福", "喜", "business")]
+
+    def full_pass(upper: str, lower: str, style: str) -> float:
+        n = len(upper)
+        ids = tok.prefix(style) + tok.encode(upper) + [tok.sep_id] + tok.encode(lower)
+        idx = torch.tensor([ids[:-1]])
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(idx, torch.arange(idx.shape[1])[None],
+                                           torch.tensor(sequence_roles(n, n - 1))[None]).float(), dim=-1)[0]
+        return sum(float(logp[len(ids) - 1 - n + j, t]) for j, t in enumerate(ids[-n:]))
+
+    got = ChannelScorer(loaded, forward=True).score(triples)
+    want = [full_pass(*t) for t in triples]
+    assert got == pytest.approx(want, abs=1e-3)
+    assert got[0] != got[1] and got[0] != got[2]  # same prompt, other 下联; same lines, other style
+
+
+def test_beam_reorder_of_generated_positions_equals_copying_the_prompt_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The beam copies only the generated positions at each step (a request's beams share
+    their prompt); copying every written position, as before, finds the same beams."""
+    items = [(u, "traditional") for u in UPPERS[:6]]
+    fast = searcher(max_rows=16).search_nbest(items, 4)
+    original = BeamSearcher._reorder
+    monkeypatch.setattr(BeamSearcher, "_reorder",
+                        staticmethod(lambda cache, src, start, end: original(cache, src, 0, end)))
+    slow = searcher(max_rows=16).search_nbest(items, 4)
+    assert [[(h.lower, round(h.logprob, 4)) for h in hs] for hs in fast] == \
+        [[(h.lower, round(h.logprob, 4)) for h in hs] for hs in slow]
+
+
 def test_batched_greedy_equals_one_at_a_time() -> None:
     """Padding, masks and per-row positions are right: a batch of mixed lengths (joined as
     rows free up, so prefill and decode mix) gives what each request gets alone."""

@@ -118,7 +118,7 @@ class BeamSearcher:
         # every request's prompt state copied into its K beam rows
         expand = torch.arange(B, device=dev).repeat_interleave(K)  # [R]
         for cache in caches:
-            self._reorder(cache, expand, T)
+            self._reorder(cache, expand, 0, T)
         logits = logits[expand]
         states = [LineState(style=style, upper=upper, upper_len=n) for upper, style in items for _ in range(K)]
         # only beam 0 of each request is live at the start (the K copies are identical)
@@ -144,8 +144,8 @@ class BeamSearcher:
             flat = torch.where(torch.isfinite(score), flat, flat[:, :1])
             beam, ids = flat // V, flat % V
             src = (torch.arange(B, device=dev)[:, None] * K + beam).reshape(R)  # [R]
-            for cache in caches:
-                self._reorder(cache, src, T + j)  # the prompt and the j tokens fed so far
+            for cache in caches:  # the j tokens fed so far; every beam of a request has its prompt
+                self._reorder(cache, src, T, T + j)
             src_l, ids_l = src.tolist(), ids.reshape(R).tolist()
             new_states = []
             for r in range(R):
@@ -171,11 +171,16 @@ class BeamSearcher:
         ]
 
     @staticmethod
-    def _reorder(cache: KVCache, src: Tensor, length: int) -> None:
-        """Rows ``0 .. R-1`` of the cache become rows ``src``: their first ``length``
-        positions, the ones written so far (the rest is never attended to; copying all
-        ``block_size`` positions took half of a width-32 search here)."""
+    def _reorder(cache: KVCache, src: Tensor, start: int, end: int) -> None:
+        """Rows ``0 .. R-1`` of the cache become rows ``src`` at positions ``start .. end-1``.
+
+        Only positions written so far are copied (the rest is never attended to; copying all
+        ``block_size`` positions took half of a width-32 search), and after the prompt's
+        copy into each request's beams only the generated ones: ``src`` never leaves a
+        request, whose beams share the prompt's keys and values (a third of what was left)."""
+        if end <= start:
+            return
         R = src.shape[0]
-        cache.k[:, :R, :, :length] = cache.k[:, src, :, :length]
-        cache.v[:, :R, :, :length] = cache.v[:, src, :, :length]
+        cache.k[:, :R, :, start:end] = cache.k[:, src, :, start:end]
+        cache.v[:, :R, :, start:end] = cache.v[:, src, :, start:end]
 

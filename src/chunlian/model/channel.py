@@ -23,13 +23,15 @@ model's own distribution: no rule masks (the 上联 is given, not generated).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 
 from chunlian.model.beam import BeamResult
 from chunlian.model.checkpoint import LoadedModel
-from chunlian.model.tokenizer import sequence_roles
+from chunlian.model.tokenizer import lower_role, sequence_roles
+from chunlian.model.transformer import KVCache
 
 
 class ChannelScorer:
@@ -51,38 +53,55 @@ class ChannelScorer:
         Characters outside the vocabulary are not scored (they cost every candidate alike)."""
         out = [0.0] * len(triples)
         by_len: dict[int, list[int]] = {}
-        if self.forward:  # score the 下联 given the 上联: the same reading, the lines swapped
-            triples = [(lower, upper, style) for upper, lower, style in triples]
         for i, (upper, lower, _) in enumerate(triples):
             if len(upper) != len(lower):
                 raise ValueError(f"upper and lower differ in length: {upper!r} / {lower!r}")
             by_len.setdefault(len(upper), []).append(i)
+        # (given line, scored line, style): the reading is ``prefix given [SEP] scored``
+        reads = [(upper, lower, style) if self.forward else (lower, upper, style) for upper, lower, style in triples]
         for idxs in by_len.values():
             for start in range(0, len(idxs), self.batch_rows):
                 chunk = idxs[start : start + self.batch_rows]
-                for i, s in zip(chunk, self._score_group([triples[i] for i in chunk]), strict=True):
+                for i, s in zip(chunk, self._score_group([reads[i] for i in chunk]), strict=True):
                     out[i] = s
         return out
 
     @torch.inference_mode()
-    def _score_group(self, triples: list[tuple[str, str, str]]) -> list[float]:
-        tok, dev = self.tok, self.device
-        n = len(triples[0][0])
-        # [BOS][STYLE][REG] lower [SEP] upper: the 上联 is predicted in the 下联's role
-        rows = [tok.prefix(style, self.register) + tok.encode(lower) + [tok.sep_id] + tok.encode(upper)
-                for upper, lower, style in triples]
-        seq = torch.tensor(rows, device=dev)  # [B, 2n+4]
-        idx, tgt = seq[:, :-1], seq[:, 1:]  # [B, 2n+3]
-        B, T = idx.shape
-        pos = torch.arange(T, device=dev).expand(B, T)
-        role = torch.tensor(sequence_roles(n, n - 1), device=dev).expand(B, T)
-        # targets from index 3 + n on are the 上联's characters (after SEP): the last n
-        # positions' logits only (the rest would be most of the pass's head and softmax)
-        logp = torch.log_softmax(self.model(idx, pos, role, last=n).float(), dim=-1)  # [B, n, V]
-        up_tgt = tgt[:, 3 + n :]  # [B, n]
-        upper_lp = logp.gather(2, up_tgt[..., None])[..., 0]  # [B, n]
-        known = up_tgt != tok.unk_id
-        return (upper_lp * known).sum(dim=1).tolist()
+    def _score_group(self, reads: list[tuple[str, str, str]]) -> list[float]:
+        """``log p(scored | given)`` of ``(given, scored, style)`` reads whose lines all have
+        one length ``n``, teacher-forced through a KV cache in two passes: the distinct
+        prompts ``prefix given [SEP]`` once each (the rescoring pass's candidates all share
+        their request's prompt: 32 candidates, one prompt), then every row's ``scored[:-1]``
+        after its prompt's keys and values. The prompt's last position predicts ``scored[0]``."""
+        tok, dev, cfg = self.tok, self.device, self.model.cfg
+        n = len(reads[0][0])
+        prompt_of: dict[tuple[str, str], int] = {}
+        src = [prompt_of.setdefault((given, style), len(prompt_of)) for given, _, style in reads]  # [R]
+        prompts = [tok.prefix(style, self.register) + tok.encode(given) + [tok.sep_id] for given, style in prompt_of]
+        P, R, T = len(prompts), len(reads), len(prompts[0])  # T = PREFIX_LEN + n + 1
+        # a cache just long enough for this group (the model's block_size would zero ~4x more)
+        cache = KVCache(dataclasses.replace(cfg, block_size=T + n - 1), max(P, R), dev, torch.float32)
+        idx = torch.tensor(prompts, device=dev)  # [P, T]
+        causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
+        first = self.model(idx, torch.arange(T, device=dev).expand(P, T),
+                           torch.tensor(sequence_roles(n, 0), device=dev).expand(P, T), causal.expand(P, T, T),
+                           cache, select=torch.full((P,), T - 1, device=dev))  # [P, V]: predicts scored[0]
+        rows = torch.tensor(src, device=dev)
+        target = torch.tensor([tok.encode(scored) for _, scored, _ in reads], device=dev)  # [R, n]
+        lp0 = torch.log_softmax(first.float(), dim=-1)[rows]  # [R, V]
+        parts = [lp0.gather(1, target[:, :1])]  # [R, 1]
+        if n > 1:  # every row's scored[:-1] after its prompt: positions T .. T+n-2
+            if P < R:  # each row gets its prompt's keys and values (rows 0 .. P-1 hold them)
+                cache.k[:, :R, :, :T] = cache.k[:, rows, :, :T]
+                cache.v[:, :R, :, :T] = cache.v[:, rows, :, :T]
+            m = n - 1
+            mask = torch.ones(m, T + m, dtype=torch.bool, device=dev).tril(diagonal=T).expand(R, m, T + m)
+            roles = torch.tensor([lower_role(j) for j in range(1, n)], device=dev).expand(R, m)
+            rest = self.model(target[:, :m], torch.arange(T, T + m, device=dev).expand(R, m), roles, mask, cache)
+            parts.append(torch.log_softmax(rest.float(), dim=-1).gather(2, target[:, 1:, None])[..., 0])  # [R, m]
+        lp = torch.cat(parts, dim=1)  # [R, n]
+        known = target != tok.unk_id
+        return (lp * known).sum(dim=1).tolist()
 
 
 def candidate_scores(
