@@ -111,8 +111,13 @@ def test_run_sweep_starts_one_cache_off_server_per_point(monkeypatch: pytest.Mon
 def test_leading_points_and_mean_row() -> None:
     rows = [_row(8, 0, 100, 300), _row(16, 0, 150, 400), _row(64, 5, 170, 900), _row(128, 5, 200, 1500),
             _row(32, 5, 160, 500, errors=1)]
-    # 128 breaks the SLO and 32/5 had errors: the pool is 8, 16 and 64/5, most requests/s first
-    assert sweep.leading_points(rows, 1000, 2) == [(64, 5), (16, 0)]
+    # 128 breaks the SLO and 32/5 had errors: the pool is 8, 16 and 64/5, most requests/s first;
+    # then those of the points with the most requests/s of all not yet in (the rule's fallback,
+    # should the repeated rounds find no point inside the SLO): 128/5 (of 128/5, 64/5), and with
+    # three, 128/5 and 32/5 (of 128/5, 64/5, 32/5)
+    assert sweep.leading_points(rows, 1000, 2) == [(64, 5), (16, 0), (128, 5)]
+    assert sweep.leading_points(rows, 1000, 3) == [(64, 5), (16, 0), (8, 0), (128, 5), (32, 5)]
+    assert sweep.leading_points(rows, 2000, 2) == [(128, 5), (64, 5)]  # the same leaders either way
     assert sweep.leading_points(rows, 100, 1) == [(128, 5)]  # nothing inside the SLO: all of them
     runs = [_row(64, 5, 170, 900), _row(64, 5, 130, 1100, errors=2)]
     runs[1]["mean_batch_size"] = None

@@ -226,7 +226,8 @@ def register(bsub: Any) -> None:
                    help="measure the leading points again in this many interleaved rounds and choose "
                         "the best among their means (default 2; 0: the single pass decides)")
     s.add_argument("--confirm-top", type=positive(int), default=3,
-                   help="how many leading points to measure again (default 3)")
+                   help="how many leading points to measure again (default 3): the leaders inside the "
+                        "p99 bound and, if others, the leaders by requests/s alone")
     s.add_argument("--plot", type=Path, default=None, help="the plot's path (default OUT_DIR/sweep.png)")
     s.add_argument("--title", default="", help="a title for the table and the plot")
     s.set_defaults(fn=cmd_sweep)
