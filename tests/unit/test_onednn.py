@@ -1,6 +1,7 @@
-"""The LM head on oneDNN (``model.onednn``): a row's logits do not depend on its batch, they
-are PyTorch's within rounding, loading fp32 on a CPU chooses it (and nothing else does), and
-the shipped model's answers are the ones PyTorch's kernel gives."""
+"""The LM head on oneDNN (``model.onednn``): a row's logits do not depend on its batch (also
+where large batches go to PyTorch's kernel, as on Intel CPUs), they are PyTorch's within
+rounding, loading fp32 on a CPU chooses it (and nothing else does), and the shipped model's
+answers are the ones PyTorch's kernel gives."""
 
 from __future__ import annotations
 
@@ -36,6 +37,32 @@ def test_a_row_gets_the_same_logits_in_any_batch_and_close_to_pytorch() -> None:
         assert torch.equal(head(x[5:6]), full[5:6])
         reference = torch.nn.functional.linear(x, weight)
     assert torch.allclose(full, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_handing_large_batches_to_pytorch_keeps_every_row_batch_invariant() -> None:
+    """The Intel layout: oneDNN under ``pytorch_from_rows`` rows, ``F.linear`` from it on. A
+    row's logits must not change when its batch crosses the switch (16 rows: oneDNN; 130:
+    PyTorch's kernel), at one row included."""
+    g = torch.Generator().manual_seed(1)
+    weight = torch.randn(7703, 192, generator=g) * 0.05
+    head = onednn.OnednnHead(weight, pytorch_from_rows=64)
+    x = torch.randn(130, 192, generator=g)
+    with torch.inference_mode():
+        full = head(x)
+        assert torch.equal(full, torch.nn.functional.linear(x, weight))  # 130 rows: PyTorch's kernel
+        for n in (1, 2, 4, 15, 16, 40, 63, 64, 65, 128):
+            assert torch.equal(head(x[:n]), full[:n]), n
+
+
+def test_cpu_vendor_and_the_switch_per_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert onednn.cpu_vendor("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\n") == "GenuineIntel"
+    assert onednn.cpu_vendor("vendor_id : AuthenticAMD") == "AuthenticAMD"
+    assert onednn.cpu_vendor("processor : 0\nBogoMIPS : 50.00\n") == ""  # e.g. an ARM CPU
+    for vendor, switch in (("GenuineIntel", onednn.PYTORCH_FROM_ROWS), ("AuthenticAMD", None), ("", None)):
+        monkeypatch.setattr(onednn, "cpu_vendor", lambda v=vendor: v)
+        model = CoupletTransformer(ModelConfig(vocab_size=50, n_layer=1, n_head=2, d_model=16, d_ff=32))
+        onednn.use_onednn_head(model)
+        assert isinstance(model.lm_head, onednn.OnednnHead) and model.lm_head.pytorch_from_rows == switch
 
 
 def test_load_weights_puts_it_on_fp32_cpu_models_only_and_keeps_the_state_dict() -> None:

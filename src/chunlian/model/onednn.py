@@ -22,6 +22,15 @@ of values, so from ``MIN_BUCKETED_ROWS`` rows on they are padded up to a multipl
 ``ROW_BUCKET`` (the padded rows' logits are dropped); below it each row count gets its own
 kernel (a lone request's step, a narrow beam).
 
+**Intel CPUs: PyTorch's kernel from 64 rows.** MKL's own CPUs were not what the head was moved
+for. On the sixteenth session's Intel Xeon (AMX; 2 threads, 30 interleaved rounds a size) oneDNN
+took 0.58-0.78x MKL's time at 4-32 rows but 1.03-1.26x at 56-128 rows, where a busy engine runs,
+and 1.16-1.36x at 1-2 rows. There the head hands ``PYTORCH_FROM_ROWS`` rows and more to
+``F.linear``; under it oneDNN keeps even a lone row's logits batch-invariant (MKL sums a single
+row, a matrix-vector product, in another order: up to 2.5e-6 apart), and from 4 rows the two
+kernels' logits were bitwise equal on both hosts, so the switch changes no answer.
+``tests/unit/test_onednn.py`` checks that on the machine it runs on.
+
 Not used on CUDA (cuBLAS is the right kernel there) nor with the other precisions
 (``model.lowp``, ``model.int8``, ``model.half``), whose heads are their own.
 """
@@ -36,6 +45,23 @@ from chunlian.model.transformer import CoupletTransformer
 
 MIN_BUCKETED_ROWS = 16
 ROW_BUCKET = 16
+PYTORCH_FROM_ROWS = 64  # on Intel CPUs (module docstring)
+
+
+def cpu_vendor(cpuinfo: str | None = None) -> str:
+    """The CPU's ``vendor_id`` (``GenuineIntel``, ``AuthenticAMD``) from ``/proc/cpuinfo``, or
+    ``""`` where there is none to read."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read(65536)
+        except OSError:
+            return ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return ""
 
 
 def onednn_supported() -> bool:
@@ -47,14 +73,19 @@ def onednn_supported() -> bool:
 class OnednnHead(nn.Module):
     """The tied LM head on oneDNN: hidden ``[N, D]`` -> logits ``[N, vocab]``. The packed
     weight is a plain attribute (a copy made now), so the model's state dict is unchanged;
-    inference only."""
+    inference only. ``pytorch_from_rows``: from this many rows on, PyTorch's ``F.linear``
+    on the weight itself instead (None: never)."""
 
-    def __init__(self, weight: Tensor) -> None:
+    def __init__(self, weight: Tensor, pytorch_from_rows: int | None = None) -> None:
         super().__init__()
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+        self.weight = weight.detach()  # the tied embedding itself (no copy), for F.linear
+        self.pytorch_from_rows = pytorch_from_rows
 
     def forward(self, x: Tensor) -> Tensor:
         n = x.shape[0]
+        if self.pytorch_from_rows is not None and n >= self.pytorch_from_rows:
+            return F.linear(x, self.weight)
         pad = -n % ROW_BUCKET if n >= MIN_BUCKETED_ROWS else 0
         if pad:
             x = F.pad(x, (0, 0, 0, pad))
@@ -64,6 +95,8 @@ class OnednnHead(nn.Module):
 
 def use_onednn_head(model: CoupletTransformer) -> None:
     """Give an fp32 CPU model the oneDNN head, in place (idempotent; a model whose head a
-    lower precision has swapped keeps it)."""
+    lower precision has swapped keeps it); on an Intel CPU it hands large batches to PyTorch's
+    kernel (module docstring)."""
     if model.lm_head is None:
-        model.lm_head = OnednnHead(model.tok_emb.weight)
+        switch = PYTORCH_FROM_ROWS if cpu_vendor() == "GenuineIntel" else None
+        model.lm_head = OnednnHead(model.tok_emb.weight, switch)
