@@ -40,18 +40,21 @@ def test_a_row_gets_the_same_logits_in_any_batch_and_close_to_pytorch() -> None:
 
 
 def test_handing_large_batches_to_pytorch_keeps_every_row_batch_invariant() -> None:
-    """The Intel layout: oneDNN under ``pytorch_from_rows`` rows, ``F.linear`` from it on. A
-    row's logits must not change when its batch crosses the switch (16 rows: oneDNN; 130:
-    PyTorch's kernel), at one row included."""
+    """The Intel layout: oneDNN under ``pytorch_from_rows`` rows, ``F.linear`` from it on. On an
+    Intel CPU, where loading uses it, a row's logits must not change when its batch crosses
+    the switch (16 rows: oneDNN; 130: PyTorch's kernel), at one row included; elsewhere the
+    two kernels need only agree within rounding (nothing there switches)."""
     g = torch.Generator().manual_seed(1)
     weight = torch.randn(7703, 192, generator=g) * 0.05
     head = onednn.OnednnHead(weight, pytorch_from_rows=64)
     x = torch.randn(130, 192, generator=g)
+    intel = onednn.cpu_vendor() == "GenuineIntel"
     with torch.inference_mode():
         full = head(x)
         assert torch.equal(full, torch.nn.functional.linear(x, weight))  # 130 rows: PyTorch's kernel
         for n in (1, 2, 4, 15, 16, 40, 63, 64, 65, 128):
-            assert torch.equal(head(x[:n]), full[:n]), n
+            part = head(x[:n])
+            assert torch.equal(part, full[:n]) if intel else torch.allclose(part, full[:n], rtol=1e-5, atol=1e-5), n
 
 
 def test_cpu_vendor_and_the_switch_per_vendor(monkeypatch: pytest.MonkeyPatch) -> None:
