@@ -23,3 +23,51 @@ def test_rounds_of_a_phase_are_averaged_their_errors_summed_and_kept() -> None:
 def test_rounds_must_be_positive() -> None:
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         run_service_bench(rounds=0)
+
+
+def test_every_miss_is_seeded_and_the_offline_peaks_run_the_same_mix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The misses phase draws seeded requests only, in every round, so the offline peaks (some
+    run before a round's misses) get the misses' mix exactly: a share of 1.0, not the greedy-
+    first plan's growing share (0.2-0.34 at the peaks against 0.6 at the end, sixteenth session)."""
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+    from typing import Any
+
+    from chunlian.bench import service
+    from chunlian.bench.plan import RequestPlan
+
+    class _Srv:
+        url, pid = "http://127.0.0.1:9", 1
+
+    @contextmanager
+    def fake_bare() -> Iterator[tuple[str, int]]:
+        yield "http://127.0.0.1:8", 2
+
+    @contextmanager
+    def fake_server(settings: Any) -> Iterator[_Srv]:
+        yield _Srv()
+
+    sent: dict[str, list[dict[str, Any]]] = {}
+    shares: list[float] = []
+
+    def fake_phase(url: str, pid: int | None, concurrency: int, duration_s: float, plan: RequestPlan,
+                   label: str, progress: bool, warmup_s: float = 1.0) -> dict[str, Any]:
+        # more than the built-in lines' greedy requests (400 lines x 4 styles) in each round
+        sent.setdefault(label, []).extend(plan.next_body() for _ in range(2000))
+        return {"requests": 2000, "requests_per_s": 100.0, "p50_ms": 5.0, "errors": {}, "mean_batch_size": 60.0}
+
+    def fake_peak(max_batch_size: int, requests: int, threads: int, seeded_share: float = 0.0) -> dict[str, Any]:
+        shares.append(seeded_share)
+        return {"seq_per_s": 120.0, "steady_seq_per_s": 125.0}
+
+    monkeypatch.setattr(service, "bare_server", fake_bare)
+    monkeypatch.setattr(service, "run_server", fake_server)
+    monkeypatch.setattr(service, "_warm_hits", lambda url, lines: None)
+    monkeypatch.setattr(service, "_phase", fake_phase)
+    monkeypatch.setattr(service, "engine_peak", fake_peak)
+    out = run_service_bench(rounds=2, progress=False)
+    assert len(sent["misses"]) == 4000 and all("seed" in b for b in sent["misses"])
+    assert len({(b["upper"], b["style"], b["seed"]) for b in sent["misses"]}) == 4000  # every one fresh
+    assert not any("seed" in b for b in sent["hits"])  # the hits stay the hot greedy lines
+    assert shares == [1.0, 1.0, 1.0, 1.0] and out["misses_seeded_share"] == 1.0
+    assert out["ratio_miss_rps_vs_engine_peak"] == round(100.0 / 125.0, 3)
