@@ -36,6 +36,7 @@ from chunlian.engine.request import SeqOutput, SeqSpec
 from chunlian.engine.sampling import MAX_BATCHED_TOP_K, sample_one, sample_top_k
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.decoding import Constrainer, LineState
+from chunlian.model.lean import decode_step
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.model.transformer import GroupInput, KVCache
 
@@ -252,7 +253,7 @@ class ModelRunner:
         """One token for every live sequence."""
         if not self.rows:
             return []
-        logits = self.model.forward_groups([self._decode_input()], self.cache)  # [B, V]
+        logits = decode_step(self.model, self._decode_input(), self.cache)  # [B, V]; model.lean
         if not self.padded_batches:
             return self._emit(logits, list(self.rows))
         live = [b for b, r in enumerate(self.rows) if not r.retired]
