@@ -114,11 +114,20 @@ def point_row(batch: int, wait_ms: float, rep: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def _within(row: dict[str, Any], slo_p99_ms: float) -> bool:
+    """No errors and a p99 inside the SLO."""
+    return row["errors"] == 0 and row["p99_ms"] is not None and row["p99_ms"] <= slo_p99_ms
+
+
+def _measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points with a p99 (the rule's pool when none is inside the SLO)."""
+    return [r for r in rows if r["p99_ms"] is not None]
+
+
 def _candidates(rows: list[dict[str, Any]], slo_p99_ms: float) -> list[dict[str, Any]]:
     """The points a best one is chosen from: those without errors and with p99 within the
     SLO, or, when there are none, every point with a p99."""
-    ok = [r for r in rows if r["errors"] == 0 and r["p99_ms"] is not None and r["p99_ms"] <= slo_p99_ms]
-    return ok or [r for r in rows if r["p99_ms"] is not None]
+    return [r for r in rows if _within(r, slo_p99_ms)] or _measured(rows)
 
 
 def pick_best(rows: list[dict[str, Any]], slo_p99_ms: float, near: float = 0.05) -> dict[str, Any] | None:
@@ -255,7 +264,7 @@ def leading_points(rows: list[dict[str, Any]], slo_p99_ms: float, top: int) -> l
         return [(r["max_batch_size"], r["max_wait_ms"]) for r in sorted(pool, key=lambda r: -r["requests_per_s"])[:top]]
 
     points = most(_candidates(rows, slo_p99_ms))
-    return points + [p for p in most([r for r in rows if r["p99_ms"] is not None]) if p not in points]
+    return points + [p for p in most(_measured(rows)) if p not in points]
 
 
 def mean_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -289,8 +298,7 @@ def confirm_points(
 
 
 def _rule(best: dict[str, Any], slo_p99_ms: float) -> str:
-    within = best["errors"] == 0 and best["p99_ms"] is not None and best["p99_ms"] <= slo_p99_ms
-    return (f"the highest requests/s without errors and with p99 <= {slo_p99_ms:g} ms" if within
+    return (f"the highest requests/s without errors and with p99 <= {slo_p99_ms:g} ms" if _within(best, slo_p99_ms)
             else f"no point kept p99 <= {slo_p99_ms:g} ms at this concurrency, so the highest requests/s")
 
 

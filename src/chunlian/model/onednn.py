@@ -24,7 +24,7 @@ kernel (a lone request's step, a narrow beam).
 
 **Intel CPUs: PyTorch's kernel from 64 rows.** MKL's own CPUs were not what the head was moved
 for. On the sixteenth session's Intel Xeon (AMX; 2 threads, 30 interleaved rounds a size) oneDNN
-took 0.58-0.78x MKL's time at 4-32 rows but 1.03-1.26x at 56-128 rows, where a busy engine runs,
+took 0.58-0.76x MKL's time at 4-32 rows but 1.03-1.26x at 56-128 rows, where a busy engine runs,
 and 1.16-1.36x at 1-2 rows. There the head hands ``PYTORCH_FROM_ROWS`` rows and more to
 ``F.linear``; under it oneDNN keeps even a lone row's logits batch-invariant (MKL sums a single
 row, a matrix-vector product, in another order: up to 2.5e-6 apart), and from 4 rows the two
