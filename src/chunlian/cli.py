@@ -221,7 +221,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k) for k in ("host", "port", "model_path", "device", "max_batch_size",
                                                 "max_wait_ms", "max_queue_size", "redis_url", "batching",
-                                                "log_level", "torch_threads", "matmul")}
+                                                "log_level", "torch_threads", "matmul", "engine_replicas")}
     serve(load_settings(**overrides))
     return 0
 
@@ -356,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batching", choices=["continuous", "static"])
     s.add_argument("--log-level")
     s.add_argument("--torch-threads", type=int)
+    s.add_argument("--engine-replicas", type=int,
+                   help="engine processes, each with its share of the cores (0: one per core)")
     s.add_argument("--matmul", choices=MATMUL_CHOICES)
     s.set_defaults(fn=cmd_serve)
 

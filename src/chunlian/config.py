@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     # Off by default: on 2 cores it gave +10-15% on misses but, under the 2,000-connection
     # overload, starved the web process (answers past their deadline); see docs/benchmarks.md
     engine_process: bool = False
+    # engine processes behind one dispatcher (engine.replicas), each with its share of the
+    # cores (torch_threads each, default cores // replicas) and of max_batch_size and
+    # max_queue_size. 1: one engine (in this process, or in one child with engine_process).
+    # 0 = auto: one per core on a CPU (at most 8 and at most max_batch_size), 1 on cuda
+    # (one GPU, one engine)
+    engine_replicas: int = Field(0, ge=0, le=64)
 
     batching: Literal["continuous", "static"] = "continuous"
     # 128: under a saturating load (c=128, ninth session's AMD host) 128 rows gave +17% over
@@ -184,6 +190,25 @@ class Settings(BaseSettings):
         """``torch_threads``, with 0 resolved to the machine's cores (at most 4)."""
         return self.torch_threads or max(1, min(4, os.cpu_count() or 1))
 
+    def resolved_engine_replicas(self) -> int:
+        """``engine_replicas``, with 0 resolved: one per usable core on a CPU (at most 8 and
+        at most ``max_batch_size``: each replica needs a row), one on cuda."""
+        if self.engine_replicas:
+            return self.engine_replicas
+        if self.resolved_device() == "cuda":
+            return 1
+        return max(1, min(8, usable_cores(), self.max_batch_size))
+
+    def resolved_replica_threads(self, replicas: int) -> int:
+        """Torch threads of each of ``replicas`` engines: ``torch_threads`` when set, else
+        the usable cores shared out (at least 1 each)."""
+        return self.torch_threads or max(1, usable_cores() // replicas)
+
+    @property
+    def engine_in_child(self) -> bool:
+        """Whether the model runs in child processes (one, or several replicas)."""
+        return self.engine_process or self.resolved_engine_replicas() > 1
+
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
@@ -193,6 +218,14 @@ class Settings(BaseSettings):
             return "cuda" if torch.cuda.is_available() else "cpu"
         except ImportError:
             return "cpu"
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask; ``os.cpu_count`` where unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def load_settings(**overrides: object) -> Settings:
@@ -213,5 +246,10 @@ def load_settings(**overrides: object) -> Settings:
         raise ConfigError(
             f"CHUNLIAN_JOB_HARD_TIME_LIMIT_S must exceed the soft limit "
             f"({s.job_soft_time_limit_s}), got {s.job_hard_time_limit_s}"
+        )
+    if s.engine_replicas > s.max_batch_size:
+        raise ConfigError(
+            f"CHUNLIAN_ENGINE_REPLICAS must be at most CHUNLIAN_MAX_BATCH_SIZE ({s.max_batch_size}): "
+            f"each replica needs a batch row; got {s.engine_replicas}"
         )
     return s

@@ -80,3 +80,43 @@ async def test_a_dead_child_fails_every_pending_request() -> None:
         assert not engine.running  # the instance then reports not ready
     finally:
         await engine.stop()
+
+
+async def test_replicas_serve_in_their_own_processes_and_a_dead_one_stops_the_instance() -> None:
+    """Two real engine processes behind the dispatcher (``engine.replicas``): answers equal
+    a single engine's (greedy answers do not depend on batch companions), work reaches both,
+    and killing one fails its pending requests and turns ``running`` false."""
+    from chunlian.engine.replicas import ReplicatedEngine
+
+    settings = load_settings(max_batch_size=8, max_queue_size=64, engine_replicas=2, warmup="")
+    engine = ReplicatedEngine.from_settings(settings)
+    single = ProcessEngine(load_settings(max_batch_size=8, warmup="", engine_replicas=1))
+    await asyncio.gather(engine.start(), single.start())
+    try:
+        assert engine.running and len(engine.replicas) == 2
+        assert [r.settings.max_batch_size for r in engine.replicas] == [4, 4]  # type: ignore[attr-defined]
+        lines = sample_uppers()[:16]
+        outs = await asyncio.gather(*(engine.generate(CoupletRequest(upper=u)) for u in lines))
+        ref = await asyncio.gather(*(single.generate(CoupletRequest(upper=u)) for u in lines))
+        assert [o.best.lower for o in outs] == [r.best.lower for r in ref]
+        for _ in range(40):  # stats arrive every 0.25 s
+            if engine.stats.completed >= 16:
+                break
+            await asyncio.sleep(0.1)
+        assert engine.stats.completed >= 16
+        assert all(r.stats.completed > 0 for r in engine.replicas)  # both did work
+        pending = [asyncio.ensure_future(engine.generate(CoupletRequest(upper=u)))
+                   for u in sample_uppers()[16:80]]
+        await asyncio.wait(pending, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        victim = engine.replicas[0]._proc  # type: ignore[attr-defined]
+        assert victim is not None and victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        outs2 = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 60)
+        assert all(isinstance(o, E.EngineStopped) or not isinstance(o, BaseException) for o in outs2)
+        for _ in range(50):
+            if not engine.running:
+                break
+            await asyncio.sleep(0.1)
+        assert not engine.running
+    finally:
+        await asyncio.gather(engine.stop(), single.stop())

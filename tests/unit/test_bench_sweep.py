@@ -207,8 +207,8 @@ def test_run_compare_measures_both_sides_on_both_loads(tmp_path: Path) -> None:
 
     result = compare.run_compare(repeat_ratio=0.3, run_fn=fake, progress=False)
     assert calls == [(compare.BASELINE, 0.7), ({}, 0.7), (compare.BASELINE, 1.0), ({}, 1.0)]
-    assert compare.BASELINE == {"max_batch_size": 1, "max_wait_ms": 0, "cache_size": 0, "coalesce": False,
-                                "default_timeout_ms": 60_000}
+    assert compare.BASELINE == {"max_batch_size": 1, "engine_replicas": 1, "max_wait_ms": 0, "cache_size": 0,
+                                "coalesce": False, "default_timeout_ms": 60_000}
     assert result["ratio_requests_per_s"] == 20.0 and result["ratio_requests_per_s_misses_only"] == 15.0
     paths = compare.write_outputs(result, tmp_path)
     assert json.loads(paths["json"].read_text(encoding="utf-8"))["runs"]["chunlian_mixed"]["requests_per_s"] == 400.0

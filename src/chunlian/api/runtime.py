@@ -27,6 +27,10 @@ log = logging.getLogger("chunlian.api")
 
 
 def _build_engine(settings: Settings) -> EngineLike:
+    if settings.resolved_engine_replicas() > 1:  # the models load in the children, at start()
+        from chunlian.engine.replicas import ReplicatedEngine
+
+        return ReplicatedEngine.from_settings(settings)
     if settings.engine_process:  # the model loads in the child, at start()
         from chunlian.engine.process import ProcessEngine
 
@@ -72,7 +76,7 @@ class Runtime:
         """Build the engine from the settings when none was given (off the event loop)."""
         if self.engine is None:
             self.engine = await asyncio.to_thread(_build_engine, self.settings)
-            if self.settings.engine_process:
+            if self.settings.engine_in_child:
                 # the child loads the model now, so that a bad model fails start-up here
                 # (the process exits) as it does in-process, rather than leaving the
                 # instance alive and never ready

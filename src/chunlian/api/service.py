@@ -31,8 +31,15 @@ from chunlian.types import CoupletRequest, CoupletResult
 class EngineLike(Protocol):
     """The part of ``chunlian.engine.Engine`` the service uses."""
 
-    model_tag: str
-    stats: Any
+    @property
+    def model_tag(self) -> str:
+        """``name@version`` of the model answering."""
+        ...
+
+    @property
+    def stats(self) -> Any:
+        """The engine's counters (``EngineStats``), read by the metrics at scrape time."""
+        ...
 
     async def start(self) -> None:
         """Start the step loop."""

@@ -30,7 +30,8 @@ def _service(args: argparse.Namespace) -> int:
     report = run_service_bench(duration_s=args.duration, hit_concurrency=args.hit_concurrency,
                                miss_concurrency=args.miss_concurrency,
                                max_batch_size=args.max_batch_size, progress=not args.json,
-                               engine_process=args.engine_process, rounds=args.rounds)
+                               engine_process=args.engine_process, rounds=args.rounds,
+                               engine_replicas=args.engine_replicas)
     if args.out:
         Path(args.out).write_text(json.dumps(report, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(report, ensure_ascii=False) if args.json else format_report(report))
@@ -66,6 +67,8 @@ def register(sub: Any) -> None:
     v.add_argument("--miss-concurrency", type=int, default=64)
     v.add_argument("--max-batch-size", type=int, default=64)
     v.add_argument("--engine-process", action="store_true", help="serve with CHUNLIAN_ENGINE_PROCESS=true")
+    v.add_argument("--engine-replicas", type=int, default=0,
+                   help="engine processes to serve with (default 0: the service's auto, one per core)")
     v.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     v.set_defaults(fn=_service)
     import importlib

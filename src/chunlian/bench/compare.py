@@ -1,12 +1,14 @@
 """``chunlian bench compare``: the before/after table, measured in one run.
 
-* before (baseline): ``max_batch_size=1`` (one request at a time), ``max_wait_ms=0``, no
+* before (baseline): ``max_batch_size=1`` (one request at a time, one engine with every
+  core: ``engine_replicas=1``, as the auto setting gives for one row), ``max_wait_ms=0``, no
   result cache (``CHUNLIAN_CACHE_SIZE=0``) and no coalescing of identical requests in
   flight (``CHUNLIAN_COALESCE=false``): with it, the mixed load's hot repeats shared the
   generation already running (139-147 of ~500 baseline requests at c=128), so the
   baseline had a cache of its own and the repeats lifted both sides alike; and a 60 s
   deadline, so that a slow host's batch-1 queue shows as latency, not as 504s;
-* after (chunlian): the service's defaults (continuous batching, in-process cache).
+* after (chunlian): the service's defaults (continuous batching, in-process cache, one
+  engine replica per core: ``engine.replicas``).
 
 The load is a closed loop of ``concurrency`` clients, 128 by default: the default
 ``max_batch_size``, so that the defaults can fill their batch (at 64, only 64 of its 128 rows
@@ -39,8 +41,8 @@ from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
 from chunlian.bench.sweep import run_server
 
-BASELINE: dict[str, object] = {"max_batch_size": 1, "max_wait_ms": 0, "cache_size": 0, "coalesce": False,
-                               "default_timeout_ms": 60_000}
+BASELINE: dict[str, object] = {"max_batch_size": 1, "engine_replicas": 1, "max_wait_ms": 0, "cache_size": 0,
+                               "coalesce": False, "default_timeout_ms": 60_000}
 CHUNLIAN: dict[str, object] = {}  # the defaults
 
 RunFn = Callable[[Mapping[str, object], float], dict[str, Any]]

@@ -254,3 +254,41 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
             "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix),
             "workload": workload, "matmul": loaded.matmul,
             "seeded_share": round(sum(not isinstance(m, str) and not m.params.greedy for m in mix) / len(mix), 3)}
+
+
+def replicated_peak(model_path: str | None, max_batch_size: int, requests: int, replicas: int,
+                    threads: int, workload: str = "mixed", matmul: str | None = None,
+                    seeded_share: float = 0.0) -> dict[str, Any]:
+    """``peak`` of ``replicas`` engines side by side, each in its own process with
+    ``threads`` torch threads and its share of the rows and of the requests (as
+    ``engine.replicas`` splits them): the sum of their rates. Each child takes its share of
+    the same request list (every ``replicas``-th request), so the mix is the same."""
+    import json
+    import subprocess
+    import sys
+
+    from chunlian.engine.replicas import share
+
+    procs = []
+    for i in range(replicas):
+        code = (
+            "import json\n"
+            "from chunlian.bench.engine import peak\n"
+            f"print(json.dumps(peak({model_path!r}, {share(max_batch_size, replicas, i)}, "
+            f"{share(requests, replicas, i)}, {threads}, {workload!r}, {matmul!r}, "
+            f"seeded_share={seeded_share!r})))\n"
+        )
+        procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True))
+    parts = []
+    for p in procs:
+        out, _ = p.communicate(timeout=900)
+        if p.returncode:
+            raise RuntimeError(f"a replica's peak failed (exit {p.returncode})")
+        parts.append(json.loads(out.strip().splitlines()[-1]))
+    return {"seq_per_s": round(sum(x["seq_per_s"] for x in parts), 1),
+            "steady_seq_per_s": round(sum(x["steady_seq_per_s"] for x in parts), 1),
+            "replicas": replicas, "threads": threads, "max_batch_size": max_batch_size,
+            "requests": sum(x["requests"] for x in parts), "workload": workload,
+            "matmul": parts[0]["matmul"], "seeded_share": seeded_share,
+            "by_replica_steady_seq_per_s": [x["steady_seq_per_s"] for x in parts]}
+

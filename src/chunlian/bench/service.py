@@ -49,6 +49,7 @@ from chunlian.bench.common import wait_until_ok
 from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
 from chunlian.bench.sweep import free_port, run_server
+from chunlian.config import load_settings
 
 
 @contextmanager
@@ -96,6 +97,16 @@ def engine_peak(max_batch_size: int, requests: int, threads: int,
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def replicas_peak(max_batch_size: int, requests: int, replicas: int, threads: int,
+                  seeded_share: float = 0.0) -> dict[str, Any]:
+    """The offline peak of the served replica layout (``engine.replicas``): ``replicas``
+    engine processes side by side, each with its share of the rows (``engine.replicated_peak``)."""
+    from chunlian.bench.engine import replicated_peak
+
+    return replicated_peak(None, max_batch_size, requests, replicas, threads, "http",
+                           seeded_share=seeded_share)
+
+
 def _phase(url: str, pid: int | None, concurrency: int, duration_s: float, plan: RequestPlan,
            label: str, progress: bool, warmup_s: float = 1.0) -> dict[str, Any]:
     res = run_load(url, concurrency, duration_s, 1_000_000, plan, warmup_s=warmup_s,
@@ -139,21 +150,25 @@ def run_service_bench(
     *, duration_s: float = 15.0, hit_concurrency: int = 64, miss_concurrency: int = 64,
     max_batch_size: int = 64, engine_requests: int = 1200, hot_size: int = 16,
     progress: bool = True, data: Path | None = None, engine_process: bool = False,
-    rounds: int = 2,
+    rounds: int = 2, engine_replicas: int = 0,
 ) -> dict[str, Any]:
     """Run the phases of the module docstring in ``rounds``; return one JSON-able report."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     lines = load_lines(data)
     hot = lines[-hot_size:]
+    served = load_settings(max_batch_size=max_batch_size, engine_replicas=engine_replicas,
+                           engine_process=engine_process)
+    replicas = served.resolved_engine_replicas()
     slice_s = duration_s / rounds
     out: dict[str, Any] = {"meta": {"duration_s": duration_s, "rounds": rounds,
                                     "hit_concurrency": hit_concurrency,
                                     "miss_concurrency": miss_concurrency,
                                     "max_batch_size": max_batch_size, "cpus": os.cpu_count(),
-                                    "engine_process": engine_process}}
-    settings = {"max_batch_size": max_batch_size, "engine_process": engine_process}
-    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ("bare", "hits", "misses", "t1", "t2")}
+                                    "engine_process": engine_process, "engine_replicas": replicas}}
+    settings = {"max_batch_size": max_batch_size, "engine_process": engine_process,
+                "engine_replicas": replicas}
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ("bare", "hits", "misses", "t1", "t2", "replicas")}
     # both servers stay up (idle between their phases); the engine peaks run in child processes
     with bare_server() as (bare_url, bare_pid), run_server(settings) as srv:
         _warm_hits(srv.url, hot)
@@ -173,15 +188,21 @@ def run_service_bench(
             "t1": lambda: engine_peak(max_batch_size, engine_requests, 1, seeded_share=MISS_SEEDED_SHARE),
             "t2": lambda: engine_peak(max_batch_size, engine_requests, 2, seeded_share=MISS_SEEDED_SHARE),
         }
+        if replicas > 1:  # the served layout offline too: the peak is the best of them all
+            phases["replicas"] = lambda: replicas_peak(
+                max_batch_size, engine_requests, replicas, served.resolved_replica_threads(replicas),
+                seeded_share=MISS_SEEDED_SHARE)
         order = list(phases)
         for r in range(rounds):
             for name in order if r % 2 == 0 else order[::-1]:
                 runs[name].append(phases[name]())
     out["bare"], out["hits"], out["misses"] = (_mean_phase(runs[k]) for k in ("bare", "hits", "misses"))
     out["engine"] = {}
-    for t in (1, 2):
-        per_round = runs[f"t{t}"]
-        out["engine"][f"threads_{t}"] = {
+    for key, name in (("t1", "threads_1"), ("t2", "threads_2"), ("replicas", f"replicas_{replicas}")):
+        per_round = runs[key]
+        if not per_round:
+            continue
+        out["engine"][name] = {
             **per_round[-1], "seq_per_s": round(sum(x["seq_per_s"] for x in per_round) / rounds, 1),
             "steady_seq_per_s": round(sum(x["steady_seq_per_s"] for x in per_round) / rounds, 1),
             "seq_per_s_by_round": [x["seq_per_s"] for x in per_round],

@@ -281,6 +281,9 @@ class Cluster:
                 "CHUNLIAN_REDIS_URL": spec.redis_url,
                 "CHUNLIAN_INSTANCE_ID": f"{host_name}:{port}",
                 "PYTHONUNBUFFERED": "1",
+                # the instances are this machine's data parallelism: one engine each,
+                # unless the operator asked for replicas inside them too
+                "CHUNLIAN_ENGINE_REPLICAS": env.get("CHUNLIAN_ENGINE_REPLICAS", "1"),
                 **spin,
             }
             if threads is not None:

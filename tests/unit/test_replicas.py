@@ -1,0 +1,196 @@
+"""The replica dispatcher (``engine.replicas``) over fake engines: routing, coalescing,
+summed stats, start and stop on every path, and the settings each replica gets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from chunlian import errors as E
+from chunlian.config import load_settings
+from chunlian.engine.engine import EngineStats, StepReport
+from chunlian.engine.replicas import ReplicatedEngine, replica_settings, share
+from chunlian.errors import ConfigError
+from chunlian.types import Couplet, CoupletRequest, CoupletResult, DecodeParams
+
+
+class FakeReplica:
+    """Answers when told to (``release``), records what it was sent."""
+
+    def __init__(self, name: str, fail_start: bool = False) -> None:
+        self.name = name
+        self.model_tag = f"fake@{name}"
+        self.stats = EngineStats()
+        self.sent: list[CoupletRequest] = []
+        self.gates: list[asyncio.Event] = []
+        self.alive = False
+        self.fail_start = fail_start
+        self.stopped = False
+        self.listeners: list[Callable[[StepReport], None]] = []
+
+    @property
+    def running(self) -> bool:
+        return self.alive
+
+    async def start(self) -> None:
+        await asyncio.sleep(0)
+        if self.fail_start:
+            raise E.ModelError(f"{self.name} cannot load")
+        self.alive = True
+
+    async def stop(self) -> None:
+        self.alive, self.stopped = False, True
+        for g in self.gates:
+            g.set()
+
+    async def generate(self, req: CoupletRequest) -> CoupletResult:
+        self.sent.append(req)
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        if not self.alive:
+            raise E.EngineStopped("stopped")
+        return CoupletResult(best=Couplet(upper=req.upper or "", lower="", hengpi="", style=req.style),
+                             model=self.name)
+
+    def add_step_listener(self, fn: Callable[[StepReport], None]) -> None:
+        self.listeners.append(fn)
+
+    def release_all(self) -> None:
+        for g in self.gates:
+            g.set()
+
+
+def _engine(n: int, **over: object) -> tuple[ReplicatedEngine, list[FakeReplica]]:
+    fakes = [FakeReplica(f"r{i}") for i in range(n)]
+    settings = load_settings(warmup="", max_batch_size=8, **over)  # type: ignore[arg-type]
+    return ReplicatedEngine(settings, fakes), fakes
+
+
+async def _settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_requests_go_to_the_least_loaded_replica() -> None:
+    eng, fakes = _engine(2)
+    await eng.start()
+    tasks = [asyncio.ensure_future(eng.generate(CoupletRequest(upper=f"春回大地{i}"))) for i in range(6)]
+    await _settle()
+    assert [len(f.sent) for f in fakes] == [3, 3]
+    fakes[0].release_all()  # replica 0 answers its three; the next three all go to it
+    await asyncio.gather(*tasks[:6:2])
+    more = [asyncio.ensure_future(eng.generate(CoupletRequest(upper=f"福满人间{i}"))) for i in range(3)]
+    await _settle()
+    assert [len(f.sent) for f in fakes] == [6, 3]
+    for f in fakes:
+        f.release_all()
+    await asyncio.gather(*tasks, *more)
+    assert eng._outstanding == [0, 0]
+
+
+async def test_a_request_needing_n_rows_counts_n() -> None:
+    eng, fakes = _engine(2)
+    await eng.start()
+    big = asyncio.ensure_future(eng.generate(CoupletRequest(upper="春回大地", params=DecodeParams(n=4, seed=1))))
+    await _settle()
+    small = [asyncio.ensure_future(eng.generate(CoupletRequest(upper=f"万事如意{i}"))) for i in range(3)]
+    await _settle()
+    assert [len(f.sent) for f in fakes] == [1, 3]  # 4 rows on r0 against 1, 2, 3 on r1
+    for f in fakes:
+        f.release_all()
+    await asyncio.gather(big, *small)
+
+
+async def test_identical_requests_in_flight_share_a_replica_and_coalescing_can_be_off() -> None:
+    for coalesce, expect in ((True, [3, 0]), (False, [2, 1])):
+        eng, fakes = _engine(2, coalesce=coalesce)
+        await eng.start()
+        same = CoupletRequest(upper="春回大地千山秀")
+        tasks = [asyncio.ensure_future(eng.generate(same)) for _ in range(3)]
+        await _settle()
+        assert [len(f.sent) for f in fakes] == expect
+        for f in fakes:
+            f.release_all()
+        await asyncio.gather(*tasks)
+        assert eng._inflight == {}
+
+
+async def test_errors_reach_the_caller_and_free_the_slot() -> None:
+    eng, fakes = _engine(2)
+    await eng.start()
+    task = asyncio.ensure_future(eng.generate(CoupletRequest(upper="春回大地")))
+    await _settle()
+    await fakes[0].stop()  # replica 0 dies under its request
+    with pytest.raises(E.EngineStopped):
+        await task
+    assert eng._outstanding == [0, 0] and eng._inflight == {}
+    assert not eng.running  # one replica down: the instance is not ready
+    # what is still sent goes to the running replica
+    t2 = asyncio.ensure_future(eng.generate(CoupletRequest(upper="福满人间")))
+    await _settle()
+    assert len(fakes[1].sent) == 1
+    fakes[1].release_all()
+    await t2
+    await fakes[1].stop()
+    with pytest.raises(E.EngineStopped):
+        await eng.generate(CoupletRequest(upper="国泰民安"))
+
+
+async def test_cancelled_callers_free_their_rows() -> None:
+    eng, fakes = _engine(2)
+    await eng.start()
+    task = asyncio.ensure_future(eng.generate(CoupletRequest(upper="春回大地")))
+    await _settle()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert eng._outstanding == [0, 0] and eng._inflight == {}
+
+
+async def test_a_failed_start_stops_every_replica() -> None:
+    fakes = [FakeReplica("a"), FakeReplica("b", fail_start=True)]
+    eng = ReplicatedEngine(load_settings(warmup="", max_batch_size=8), fakes)
+    with pytest.raises(E.ModelError, match="b cannot load"):
+        await eng.start()
+    assert all(f.stopped and not f.running for f in fakes)
+
+
+async def test_stats_are_summed_and_listeners_reach_every_replica() -> None:
+    eng, fakes = _engine(3)
+    for i, f in enumerate(fakes):
+        f.stats = EngineStats(queue_depth=i, running=2 * i, max_queue_size=10, completed=100 + i)
+    total = eng.stats
+    assert (total.queue_depth, total.running, total.max_queue_size, total.completed) == (3, 6, 30, 303)
+    seen: list[StepReport] = []
+    eng.add_step_listener(seen.append)
+    for f in fakes:
+        f.listeners[0](StepReport(4, 0.01, 4))
+    assert len(seen) == 3
+    assert eng.model_tag == "fake@r0"
+    with pytest.raises(ValueError):
+        ReplicatedEngine(load_settings(warmup=""), [])
+
+
+def test_replicas_share_the_batch_the_queue_and_the_cores() -> None:
+    assert [share(5, 2, i) for i in range(2)] == [3, 2]
+    assert sum(share(128, 3, i) for i in range(3)) == 128
+    s = load_settings(warmup="", max_batch_size=5, max_queue_size=9, engine_replicas=2, torch_threads=0)
+    parts = [replica_settings(s, 2, i) for i in range(2)]
+    assert [p.max_batch_size for p in parts] == [3, 2] and [p.max_queue_size for p in parts] == [5, 4]
+    assert all(p.engine_replicas == 1 and p.torch_threads >= 1 for p in parts)
+    assert replica_settings(load_settings(warmup="", torch_threads=3), 2, 0).torch_threads == 3
+
+
+def test_replica_count_is_validated_and_resolved() -> None:
+    with pytest.raises(ConfigError, match="ENGINE_REPLICAS must be at most"):
+        load_settings(engine_replicas=4, max_batch_size=2)
+    assert load_settings(engine_replicas=3, max_batch_size=8).resolved_engine_replicas() == 3
+    assert load_settings(engine_replicas=0, max_batch_size=1, device="cpu").resolved_engine_replicas() == 1
+    assert load_settings(engine_replicas=0, device="cuda").resolved_engine_replicas() == 1
+    auto = load_settings(engine_replicas=0, device="cpu").resolved_engine_replicas()
+    assert 1 <= auto <= 8
+    with pytest.raises(ConfigError):
+        load_settings(engine_replicas=-1)
