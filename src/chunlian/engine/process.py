@@ -7,7 +7,7 @@ take turns on one lock, so the second core idles (``docs/benchmarks.md``).
     API process                                  engine process (spawned)
     ProcessEngine.generate() ─("gen", id, req)──▶ reader thread ─▶ Engine.generate() task
           ▲                                                          │
-          └── reader thread ◀──("ok"/"err", id, ...)── event loop ◀──┘
+          └── reader thread ◀──("answers", [("ok"/"err", id, ...)])── event loop ◀──┘
               ◀──("stats", EngineStats, steps) every 0.25 s: metrics, step listeners
 
 Messages go over one ``multiprocessing`` pipe. Errors cross as (class name, message, extra)
@@ -171,10 +171,8 @@ class ProcessEngine:
             while True:
                 msg = conn.recv()
                 kind = msg[0]
-                if kind == "ok":
-                    loop.call_soon_threadsafe(self._settle, msg[1], msg[2], None)
-                elif kind == "err":
-                    loop.call_soon_threadsafe(self._settle, msg[1], None, decode_error(msg[2]))
+                if kind == "answers":  # a batch of ("ok" | "err", id, payload): one loop wake-up
+                    loop.call_soon_threadsafe(self._settle_all, msg[1])
                 elif kind == "stats":
                     self._on_stats(msg[1], msg[2])
                 elif kind == "ready":
@@ -200,14 +198,15 @@ class ProcessEngine:
         else:
             self._ready.set_result(tag or "chunlian-couplet@unknown")
 
-    def _settle(self, rid: int, result: CoupletResult | None, error: BaseException | None) -> None:
-        fut = self._pending.get(rid)
-        if fut is None or fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)  # type: ignore[arg-type]
+    def _settle_all(self, answers: list[tuple[str, int, Any]]) -> None:
+        for kind, rid, payload in answers:
+            fut = self._pending.get(rid)
+            if fut is None or fut.done():
+                continue
+            if kind == "ok":
+                fut.set_result(payload)
+            else:
+                fut.set_exception(decode_error(payload))
 
     def _on_stats(self, stats: dict[str, Any], steps: list[tuple[int, float, int]]) -> None:
         for k, v in stats.items():
@@ -259,13 +258,28 @@ async def _serve(engine: Any, conn: Connection, send: Callable[[tuple[Any, ...]]
     engine.add_step_listener(lambda r: steps.append((r.batch_size, r.step_s, r.tokens)))
     stop = asyncio.Event()
 
+    # answers finished in one turn of the loop (a step's) go back as one message: one pipe
+    # write here and one wake-up of the API process's loop, instead of one per answer
+    outbox: list[tuple[str, int, Any]] = []
+
+    def flush() -> None:
+        if outbox:
+            batch = outbox[:]
+            outbox.clear()
+            send(("answers", batch))
+
+    def answer(msg: tuple[str, int, Any]) -> None:
+        if not outbox:
+            loop.call_soon(flush)
+        outbox.append(msg)
+
     async def run(rid: int, req: CoupletRequest) -> None:
         try:
-            send(("ok", rid, await engine.generate(req)))
+            answer(("ok", rid, await engine.generate(req)))
         except asyncio.CancelledError:
-            send(("err", rid, encode_error(E.Cancelled("request cancelled"))))
+            answer(("err", rid, encode_error(E.Cancelled("request cancelled"))))
         except Exception as e:  # noqa: BLE001 - every error goes back to its caller
-            send(("err", rid, encode_error(e)))
+            answer(("err", rid, encode_error(e)))
         finally:
             tasks.pop(rid, None)
 
@@ -307,5 +321,6 @@ async def _serve(engine: Any, conn: Connection, send: Callable[[tuple[Any, ...]]
     if tasks:
         await asyncio.gather(*tasks.values(), return_exceptions=True)
     with contextlib.suppress(OSError):
+        flush()  # the last answers go before "stopped"
         send(("stats", dataclasses.asdict(engine.stats), []))
         send(("stopped",))
