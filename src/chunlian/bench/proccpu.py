@@ -22,6 +22,17 @@ def proc_cpu_seconds(pid: int) -> float | None:
     fields = _stat_fields(pid)
     if fields is None:
         return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in process_tree(pid):
+        f = fields if p == pid else _stat_fields(p)
+        if f is not None:
+            total += (int(f[11]) + int(f[12])) / ticks  # utime, stime: fields 14 and 15
+    return total
+
+
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and its live descendants (children, their children, ...), from /proc."""
     parent: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -34,13 +45,7 @@ def proc_cpu_seconds(pid: int) -> float | None:
         kids = [c for c, pp in parent.items() if pp == p and c not in tree]
         tree.update(kids)
         frontier.extend(kids)
-    ticks = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for p in tree:
-        f = fields if p == pid else _stat_fields(p)
-        if f is not None:
-            total += (int(f[11]) + int(f[12])) / ticks  # utime, stime: fields 14 and 15
-    return total
+    return tree
 
 
 def thread_cpu_seconds(pid: int, tid: int) -> float | None:

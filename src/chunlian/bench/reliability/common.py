@@ -335,6 +335,18 @@ def rss_kb(pid: int) -> int | None:
     return None
 
 
+def tree_rss_kb(pid: int) -> int | None:
+    """VmRSS of ``pid`` and its descendants, summed, in kB (None once ``pid`` is gone): an
+    instance is a process tree when its engines run in child processes (``engine.replicas``),
+    and a leak in an engine process counts as the instance's."""
+    from chunlian.bench.proccpu import process_tree
+
+    own = rss_kb(pid)
+    if own is None:
+        return None
+    return own + sum(rss_kb(p) or 0 for p in process_tree(pid) - {pid})
+
+
 def raise_fd_limit(want: int) -> int:
     """Raise this process's soft open-files limit towards ``want`` (at most the hard limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

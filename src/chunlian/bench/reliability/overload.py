@@ -22,8 +22,8 @@ from chunlian.bench.reliability.common import (
     error_shape_problem,
     json_body,
     raise_fd_limit,
-    rss_kb,
     server_errors,
+    tree_rss_kb,
     upper_lines,
 )
 
@@ -128,10 +128,10 @@ async def overload(
         if pid is None:
             return
         await asyncio.sleep(max(0.0, warm_end - time.monotonic()))
-        rss["start_kb"] = rss_kb(pid)
+        rss["start_kb"] = tree_rss_kb(pid)
         next_mark = time.monotonic()
         while time.monotonic() < end:
-            v = rss_kb(pid)
+            v = tree_rss_kb(pid)
             if v:
                 peak[0] = max(peak[0], v)
                 if time.monotonic() >= next_mark:
@@ -167,7 +167,7 @@ async def overload(
         out.problem(f"the queue did not drain within 60 s after the load: depth {metric(s, 'chunlian_queue_depth'):.0f}")
     if pid is not None:
         await asyncio.sleep(1.0)
-        rss["end_kb"] = rss_kb(pid)
+        rss["end_kb"] = tree_rss_kb(pid)
     async with httpx.AsyncClient(base_url=url, timeout=60) as c:
         ready = await c.get("/readyz")
         fresh = await c.post("/v1/couplets", json={"upper": "春回大地千山秀", "regenerate": True})
@@ -230,7 +230,7 @@ async def overload(
         else:
             growth = (end_kb - start_kb) / start_kb
             out.extra["rss_growth"] = round(growth, 4)
-            out.note(f"RSS {start_kb / 1024:.0f} MiB after warm-up -> {end_kb / 1024:.0f} MiB at the end "
+            out.note(f"RSS of the instance (its process and its engine processes) {start_kb / 1024:.0f} MiB after warm-up -> {end_kb / 1024:.0f} MiB at the end "
                      f"({growth:+.1%}; peak {peak[0] / 1024:.0f} MiB; every 10 s: "
                      + ", ".join(f"{v / 1024:.0f}" for v in timeline) + " MiB)")
             if growth >= rss_growth_limit:
