@@ -82,10 +82,11 @@ async def test_a_dead_child_fails_every_pending_request() -> None:
         await engine.stop()
 
 
-async def test_replicas_serve_in_their_own_processes_and_a_dead_one_stops_the_instance() -> None:
+async def test_replicas_serve_in_their_own_processes_and_a_dead_one_is_replaced() -> None:
     """Two real engine processes behind the dispatcher (``engine.replicas``): answers equal
     a single engine's (greedy answers do not depend on batch companions), work reaches both,
-    and killing one fails its pending requests and turns ``running`` false."""
+    and killing one fails only its pending requests: the other serves on while the supervisor
+    starts a new process, after which both answer again."""
     from chunlian.engine.replicas import ReplicatedEngine
 
     settings = load_settings(max_batch_size=8, max_queue_size=64, engine_replicas=2, warmup="")
@@ -108,15 +109,19 @@ async def test_replicas_serve_in_their_own_processes_and_a_dead_one_stops_the_in
         pending = [asyncio.ensure_future(engine.generate(CoupletRequest(upper=u)))
                    for u in sample_uppers()[16:80]]
         await asyncio.wait(pending, timeout=60, return_when=asyncio.FIRST_COMPLETED)
-        victim = engine.replicas[0]._proc  # type: ignore[attr-defined]
+        victim_engine = engine.replicas[0]
+        victim = victim_engine._proc  # type: ignore[attr-defined]
         assert victim is not None and victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
         outs2 = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 60)
         assert all(isinstance(o, E.EngineStopped) or not isinstance(o, BaseException) for o in outs2)
-        for _ in range(50):
-            if not engine.running:
+        assert engine.running  # the other replica goes on serving ...
+        for _ in range(600):  # ... while the supervisor starts a new process (model load)
+            if engine.replicas_up == 2 and engine.replicas[0] is not victim_engine:
                 break
             await asyncio.sleep(0.1)
-        assert not engine.running
+        assert engine.replicas_up == 2 and engine.restarts == 1
+        again = await asyncio.gather(*(engine.generate(CoupletRequest(upper=u)) for u in lines))
+        assert [o.best.lower for o in again] == [r.best.lower for r in ref]
     finally:
         await asyncio.gather(engine.stop(), single.stop())

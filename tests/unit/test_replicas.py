@@ -127,7 +127,7 @@ async def test_errors_reach_the_caller_and_free_the_slot() -> None:
     with pytest.raises(E.EngineStopped):
         await task
     assert eng._outstanding == [0, 0] and eng._inflight == {}
-    assert not eng.running  # one replica down: the instance is not ready
+    assert eng.running and eng.replicas_up == 1  # degraded: the other one serves
     # what is still sent goes to the running replica
     t2 = asyncio.ensure_future(eng.generate(CoupletRequest(upper="福满人间")))
     await _settle()
@@ -160,6 +160,7 @@ async def test_a_failed_start_stops_every_replica() -> None:
 
 async def test_stats_are_summed_and_listeners_reach_every_replica() -> None:
     eng, fakes = _engine(3)
+    await eng.start()
     for i, f in enumerate(fakes):
         f.stats = EngineStats(queue_depth=i, running=2 * i, max_queue_size=10, completed=100 + i)
     total = eng.stats
@@ -194,3 +195,50 @@ def test_replica_count_is_validated_and_resolved() -> None:
     assert 1 <= auto <= 8
     with pytest.raises(ConfigError):
         load_settings(engine_replicas=-1)
+
+
+async def test_a_stopped_replica_is_replaced_and_its_counters_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chunlian.engine import replicas as R
+
+    monkeypatch.setattr(R, "SUPERVISE_EVERY_S", 0.01)
+    monkeypatch.setattr(R, "RESTART_BACKOFF_S", (0.01,))
+    made: list[FakeReplica] = []
+    failing = [2]  # the first two replacements fail to start
+
+    def factory(i: int) -> FakeReplica:
+        fail = len(made) >= 2 and failing[0] > 0
+        if fail:
+            failing[0] -= 1
+        f = FakeReplica(f"r{i}-{len(made)}", fail_start=fail)
+        made.append(f)
+        return f
+
+    eng = ReplicatedEngine(load_settings(warmup="", max_batch_size=8), [factory(0), factory(1)], factory)
+    seen: list[StepReport] = []
+    eng.add_step_listener(seen.append)
+    await eng.start()
+    try:
+        eng.replicas[0].stats = EngineStats(completed=7, running=3, queue_depth=2)
+        await eng.replicas[0].stop()  # dies
+        assert eng.running and eng.replicas_up == 1
+        assert eng.stats.running == 0  # a dead replica's gauges no longer count
+        for _ in range(200):
+            if eng.replicas_up == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert eng.replicas_up == 2 and eng.restarts == 1
+        new = eng.replicas[0]
+        assert isinstance(new, FakeReplica) and new.name == "r0-4" and not failing[0]
+        assert [f.stopped for f in made[2:4]] == [True, True]  # the failed starts were cleaned up
+        assert eng.stats.completed == 7  # the old replica's counter is kept
+        new.listeners[0](StepReport(1, 0.01, 1))  # listeners carried over
+        assert len(seen) == 1
+        t = asyncio.ensure_future(eng.generate(CoupletRequest(upper="春回大地")))
+        await _settle()
+        assert len(new.sent) == 1 or len(eng.replicas[1].sent) == 1  # type: ignore[attr-defined]
+        for r in eng.replicas:
+            r.release_all()  # type: ignore[attr-defined]
+        await t
+    finally:
+        await eng.stop()
+    assert not eng.running and all(f.stopped for f in eng.replicas)  # type: ignore[attr-defined]

@@ -83,8 +83,26 @@ class _EngineCollector(Collector):
             yield c
         for name, field, doc in ENGINE_GAUGES:
             yield GaugeMetricFamily(name, doc, value=read(field))
+        yield from self._replica_metrics()
         if self.device.startswith("cuda"):
             yield from _gpu_metrics()
+
+
+    def _replica_metrics(self) -> Iterable[Metric]:
+        """Engine replicas configured and running (``engine.replicas``; a single engine is
+        one), and replicas replaced since start."""
+        engine = self.engine
+        replicas = getattr(engine, "replicas", None)
+        count = len(replicas) if replicas is not None else (0 if engine is None else 1)
+        up = getattr(engine, "replicas_up", None)
+        if up is None:
+            up = 1 if engine is not None and getattr(engine, "running", False) else 0
+        yield GaugeMetricFamily("chunlian_engine_replicas", "Engine replicas configured (engine processes).",
+                                value=float(count))
+        yield GaugeMetricFamily("chunlian_engine_replicas_up", "Engine replicas running now.", value=float(up))
+        c = CounterMetricFamily("chunlian_engine_replica_restarts", "Engine replicas replaced after they stopped.")
+        c.add_metric([], float(getattr(engine, "restarts", 0) or 0))
+        yield c
 
 
 def _gpu_metrics() -> Iterable[Metric]:

@@ -21,14 +21,17 @@ engine. The replicas share ``max_batch_size`` and ``max_queue_size`` (``share``)
 instance's totals stay as configured; there are never more replicas than batch rows.
 
 Every future completes on every path, as in ``ProcessEngine``: a replica's answer or error
-is the caller's; ``running`` is true only while every replica runs (one that dies makes the
-instance not ready, as a dead single engine does, so the load balancer moves traffic away);
-``stop`` stops them all.
+is the caller's (a replica that dies fails its pending requests with ``EngineStopped``).
+A supervisor task replaces a replica that stopped (a new process; back-off 1, 2, 5, 10, 30 s
+between failed starts) while the others go on serving: ``running`` is true while any replica
+runs, and ``/metrics`` shows ``chunlian_engine_replicas_up`` against
+``chunlian_engine_replicas``. ``stop`` stops supervising, then every replica.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -41,6 +44,9 @@ from chunlian.engine.engine import EngineStats, StepReport
 from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
 
 log = logging.getLogger("chunlian.engine")
+SUPERVISE_EVERY_S = 0.5
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... failed start in a row
+GAUGES = frozenset({"queue_depth", "running", "max_queue_size"})  # EngineStats fields that are not counters
 
 
 class Replica(Protocol):
@@ -84,22 +90,34 @@ def replica_settings(settings: Settings, replicas: int, index: int) -> Settings:
 class ReplicatedEngine:
     """``Engine``'s interface (``api.service.EngineLike``) over several engines."""
 
-    def __init__(self, settings: Settings, replicas: Sequence[Replica]) -> None:
+    def __init__(self, settings: Settings, replicas: Sequence[Replica],
+                 factory: Callable[[int], Replica] | None = None) -> None:
         if not replicas:
             raise ValueError("ReplicatedEngine needs at least one replica")
         self.settings = settings
         self.replicas = list(replicas)
+        self._factory = factory
         self._outstanding = [0] * len(self.replicas)  # sequences sent, not yet answered
         self._inflight: dict[RequestIdentity, tuple[int, int]] = {}  # identity -> (replica, callers)
         self._next = itertools.count()  # round robin among equally loaded replicas
+        self._listeners: list[Callable[[StepReport], None]] = []
+        self._retired = EngineStats()  # the counters of replaced replicas (metrics never go back)
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.restarts = 0  # replicas replaced since start
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReplicatedEngine:
-        """``settings.resolved_engine_replicas()`` engine processes (spawned at ``start``)."""
+        """``settings.resolved_engine_replicas()`` engine processes (spawned at ``start``),
+        each restarted when it dies."""
         from chunlian.engine.process import ProcessEngine
 
         n = settings.resolved_engine_replicas()
-        return cls(settings, [ProcessEngine(replica_settings(settings, n, i)) for i in range(n)])
+
+        def factory(i: int) -> Replica:
+            return ProcessEngine(replica_settings(settings, n, i))
+
+        return cls(settings, [factory(i) for i in range(n)], factory)
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -107,16 +125,24 @@ class ReplicatedEngine:
         return self.replicas[0].model_tag
 
     async def start(self) -> None:
-        """Start every replica at once; if one fails, stop the others and raise its error."""
+        """Start every replica at once; if one fails, stop the others and raise its error.
+        With a factory, a supervisor then replaces any replica that stops."""
         results = await asyncio.gather(*(r.start() for r in self.replicas), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             await self.stop()
             raise errors[0]
         log.info("%d engine replicas running", len(self.replicas))
+        if self._factory is not None:
+            self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
 
     async def stop(self) -> None:
-        """Stop every replica (their pending requests fail with ``EngineStopped``)."""
+        """Stop supervising and stop every replica (pending requests fail with ``EngineStopped``)."""
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
         results = await asyncio.gather(*(r.stop() for r in self.replicas), return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
@@ -124,19 +150,78 @@ class ReplicatedEngine:
 
     @property
     def running(self) -> bool:
-        return all(r.running for r in self.replicas)
+        """True while any replica runs: a dead one is replaced while the others serve."""
+        return not self._stopping and any(r.running for r in self.replicas)
+
+    @property
+    def replicas_up(self) -> int:
+        return sum(1 for r in self.replicas if r.running)
 
     def add_step_listener(self, fn: Callable[[StepReport], None]) -> None:
+        self._listeners.append(fn)
         for r in self.replicas:
             r.add_step_listener(fn)
 
     @property
     def stats(self) -> EngineStats:
-        """The replicas' counters and gauges summed (read by the metrics at scrape time)."""
+        """Counters: every replica's, the replaced ones' included; gauges: the running
+        replicas' (capacity: all of them). Read by the metrics at scrape time."""
         total = EngineStats()
         for f in fields(EngineStats):
-            setattr(total, f.name, sum(getattr(r.stats, f.name) for r in self.replicas))
+            if f.name in GAUGES:
+                live = self.replicas if f.name == "max_queue_size" else [r for r in self.replicas if r.running]
+                value = sum(getattr(r.stats, f.name) for r in live)
+            else:
+                value = getattr(self._retired, f.name) + sum(getattr(r.stats, f.name) for r in self.replicas)
+            setattr(total, f.name, value)
         return total
+
+    # ---- supervision -----------------------------------------------------------------------
+    async def _supervise(self) -> None:
+        failures = [0] * len(self.replicas)
+        next_try_s = [0.0] * len(self.replicas)
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            await asyncio.sleep(SUPERVISE_EVERY_S)
+            for i, r in enumerate(self.replicas):
+                if r.running or loop.time() < next_try_s[i] or self._stopping:
+                    continue
+                if failures[i] == 0:
+                    log.error("engine replica %d stopped; starting a new one", i)
+                if await self._replace(i):
+                    failures[i] = 0
+                else:
+                    delay_s = RESTART_BACKOFF_S[min(failures[i], len(RESTART_BACKOFF_S) - 1)]
+                    failures[i] += 1
+                    next_try_s[i] = loop.time() + delay_s
+                    log.warning("engine replica %d did not start (attempt %d); next try in %.0f s",
+                                i, failures[i], delay_s)
+
+    async def _replace(self, i: int) -> bool:
+        """Start a new replica ``i``; swap it in once it runs. False when it failed to start."""
+        assert self._factory is not None
+        old = self.replicas[i]
+        with contextlib.suppress(Exception):
+            await old.stop()  # reaps the dead process; its pending requests have failed
+        new = self._factory(i)
+        for fn in self._listeners:
+            new.add_step_listener(fn)
+        try:
+            await new.start()
+        except Exception:  # noqa: BLE001 - retried with back-off by the supervisor
+            with contextlib.suppress(Exception):
+                await new.stop()
+            return False
+        if self._stopping:
+            await new.stop()
+            return True
+        for f in fields(EngineStats):
+            if f.name not in GAUGES:
+                setattr(self._retired, f.name, getattr(self._retired, f.name) + getattr(old.stats, f.name))
+        self.replicas[i] = new
+        self.restarts += 1
+        log.info("engine replica %d is running again", i)
+        return True
 
     # ---- requests --------------------------------------------------------------------------
     async def generate(self, req: CoupletRequest) -> CoupletResult:
