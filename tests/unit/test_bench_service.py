@@ -60,14 +60,30 @@ def test_every_miss_is_seeded_and_the_offline_peaks_run_the_same_mix(monkeypatch
         shares.append(seeded_share)
         return {"seq_per_s": 120.0, "steady_seq_per_s": 125.0}
 
+    def fake_replicas_peak(max_batch_size: int, requests: int, replicas: int, threads: int,
+                           seeded_share: float = 0.0) -> dict[str, Any]:
+        shares.append(seeded_share)
+        assert (replicas, threads) == (2, 1)
+        return {"seq_per_s": 150.0, "steady_seq_per_s": 160.0}
+
     monkeypatch.setattr(service, "bare_server", fake_bare)
     monkeypatch.setattr(service, "run_server", fake_server)
     monkeypatch.setattr(service, "_warm_hits", lambda url, lines: None)
     monkeypatch.setattr(service, "_phase", fake_phase)
     monkeypatch.setattr(service, "engine_peak", fake_peak)
-    out = run_service_bench(rounds=2, progress=False)
+    monkeypatch.setattr(service, "replicas_peak", fake_replicas_peak)
+    monkeypatch.setenv("CHUNLIAN_TORCH_THREADS", "1")
+    out = run_service_bench(rounds=2, progress=False, engine_replicas=2)
     assert len(sent["misses"]) == 4000 and all("seed" in b for b in sent["misses"])
     assert len({(b["upper"], b["style"], b["seed"]) for b in sent["misses"]}) == 4000  # every one fresh
     assert not any("seed" in b for b in sent["hits"])  # the hits stay the hot greedy lines
-    assert shares == [1.0, 1.0, 1.0, 1.0] and out["misses_seeded_share"] == 1.0
-    assert out["ratio_miss_rps_vs_engine_peak"] == round(100.0 / 125.0, 3)
+    assert shares == [1.0] * 6 and out["misses_seeded_share"] == 1.0
+    # the reference is the best offline layout: here the replicas' (served with 2 replicas)
+    assert set(out["engine"]) == {"threads_1", "threads_2", "replicas_2"}
+    assert out["meta"]["engine_replicas"] == 2
+    assert out["ratio_miss_rps_vs_engine_peak"] == round(100.0 / 160.0, 3)
+    monkeypatch.setattr(service, "replicas_peak", None)  # one engine: no replicas phase
+    shares.clear()
+    one = run_service_bench(rounds=1, progress=False, engine_replicas=1)
+    assert shares == [1.0, 1.0] and set(one["engine"]) == {"threads_1", "threads_2"}
+    assert one["ratio_miss_rps_vs_engine_peak"] == round(100.0 / 125.0, 3)
