@@ -217,6 +217,9 @@ async def test_a_stopped_replica_is_replaced_and_its_counters_kept(monkeypatch: 
     seen: list[StepReport] = []
     eng.add_step_listener(seen.append)
     await eng.start()
+    supervisor = eng._supervisor
+    await eng.start()  # the runtime starts a child-process engine twice: the second is a no-op
+    assert eng._supervisor is supervisor and len(made) == 2
     try:
         eng.replicas[0].stats = EngineStats(completed=7, running=3, queue_depth=2)
         await eng.replicas[0].stop()  # dies

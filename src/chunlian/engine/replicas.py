@@ -104,6 +104,7 @@ class ReplicatedEngine:
         self._retired = EngineStats()  # the counters of replaced replicas (metrics never go back)
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = False
+        self._started = False
         self.restarts = 0  # replicas replaced since start
 
     @classmethod
@@ -126,7 +127,11 @@ class ReplicatedEngine:
 
     async def start(self) -> None:
         """Start every replica at once; if one fails, stop the others and raise its error.
-        With a factory, a supervisor then replaces any replica that stops."""
+        With a factory, a supervisor then replaces any replica that stops. Once: a second
+        call returns at once (the runtime starts a child-process engine early, at load)."""
+        if self._started:
+            return
+        self._started = True
         results = await asyncio.gather(*(r.start() for r in self.replicas), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
