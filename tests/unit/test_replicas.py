@@ -245,3 +245,33 @@ async def test_a_stopped_replica_is_replaced_and_its_counters_kept(monkeypatch: 
     finally:
         await eng.stop()
     assert not eng.running and all(f.stopped for f in eng.replicas)  # type: ignore[attr-defined]
+
+
+def test_the_offline_replicas_peak_sums_children_that_split_the_rows_and_the_requests(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import subprocess
+
+    from chunlian.bench import engine as bench_engine
+
+    codes: list[str] = []
+
+    class FakeChild:
+        returncode = 0
+
+        def __init__(self, argv: list[str], **_: object) -> None:
+            codes.append(argv[-1])
+            self.rate = 100.0 + 10 * len(codes)
+
+        def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+            out = {"seq_per_s": self.rate, "steady_seq_per_s": self.rate + 5, "requests": 50,
+                   "matmul": "float32"}
+            return "log line\n" + json.dumps(out) + "\n", ""
+
+    monkeypatch.setattr(subprocess, "Popen", FakeChild)
+    r = bench_engine.replicated_peak(None, 5, 100, 2, 1, "http", seeded_share=1.0)
+    assert r["seq_per_s"] == 110.0 + 120.0 and r["steady_seq_per_s"] == 115.0 + 125.0
+    assert r["by_replica_steady_seq_per_s"] == [115.0, 125.0] and r["requests"] == 100
+    # rows 3 + 2; every child gets the whole list and takes its stride of it
+    assert "peak(None, 3, 100, 1, 'http'" in codes[0] and "part=(0, 2)" in codes[0]
+    assert "peak(None, 2, 100, 1, 'http'" in codes[1] and "part=(1, 2)" in codes[1]

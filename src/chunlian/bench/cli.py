@@ -14,8 +14,14 @@ def _engine(args: argparse.Namespace) -> int:
     from chunlian.bench.engine import run
 
     sweep = [int(x) for x in args.sweep.split(",")] if args.sweep else None
+    replicas = args.replicas
+    if replicas == 0:  # as the service's auto setting would give on this machine
+        from chunlian.config import load_settings
+
+        replicas = load_settings(device=args.device, max_batch_size=args.max_batch_size,
+                                 engine_replicas=0).resolved_engine_replicas()
     report = run(args.model_path, args.max_batch_size, args.requests, args.sequential_requests,
-                 args.threads, sweep, args.device, args.rounds, args.matmul)
+                 args.threads, sweep, args.device, args.rounds, args.matmul, replicas)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -54,6 +60,9 @@ def register(sub: Any) -> None:
     e.add_argument("--matmul", default="float32", choices=MATMUL_CHOICES,
                    help="linear layers' precision (int8: any x86 CPU; float16: fp16 weights, faster small batches where memory is slow; auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
     e.add_argument("--sweep", default="", help="also a table by max_batch_size, e.g. 1,8,32,128")
+    e.add_argument("--replicas", type=int, default=0,
+                   help="also continuous batching on this many single-engine processes side by side, "
+                        "the service's layout (default 0: as CHUNLIAN_ENGINE_REPLICAS=0 gives here; 1: off)")
     e.add_argument("--rounds", type=positive(int), default=2,
                    help="static and continuous runs each, alternating order; figures are means (default 2)")
     e.set_defaults(fn=_engine)

@@ -112,14 +112,17 @@ async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], 
 def run(
     model_path: Path | None = None, max_batch_size: int = 128, requests: int = 400,
     sequential_requests: int = 100, threads: int = 2, sweep: list[int] | None = None,
-    device: str = "cpu", rounds: int = 2, matmul: str = "float32",
+    device: str = "cpu", rounds: int = 2, matmul: str = "float32", replicas: int = 1,
 ) -> dict[str, Any]:
     """Run the three modes (and an optional batch-size sweep); return one flat report.
 
     Static and continuous run ``rounds`` times, alternating which goes first, and the
     figures are their means; sequential runs a slice of its sample before and after each.
     The host's speed drifts within a run, and modes measured one after the other once
-    carry that drift into their ratio.
+    carry that drift into their ratio. ``replicas`` > 1 adds ``continuous_replicas``: that many
+    single-engine processes side by side (``engine.replicas``, the service's layout on a
+    multi-core CPU), each with ``threads // replicas`` threads and its share of the rows, in
+    every round after the other modes.
     """
     from chunlian.engine.runner import single_threaded_here
     from chunlian.model.hengpi import HengpiSelector
@@ -140,7 +143,8 @@ def run(
     # batched run and one after the last, so that drift of the host's speed (seen here:
     # 30% within a minute) falls on every mode alike
     modes = ("static", "static_retire", "continuous")
-    k = rounds * len(modes) + 1
+    replica_runs: list[dict[str, Any]] = []
+    k = rounds * (len(modes) + (replicas > 1)) + 1
     slices = [h for h in (seq_mix[i::k] for i in range(k)) if h]
 
     def sequential_slice() -> None:
@@ -153,6 +157,11 @@ def run(
     for i in range(rounds):
         for mode in modes if i % 2 == 0 else modes[::-1]:
             runs[mode].append(asyncio.run(_drive(loaded, mix, max_batch_size, mode, hengpi, threads)))
+            sequential_slice()
+        if replicas > 1:
+            replica_runs.append(replicated_peak(str(model_path) if model_path else None, max_batch_size,
+                                                len(mix), replicas, max(1, threads // replicas),
+                                                "mixed", matmul))
             sequential_slice()
     while slices:
         sequential_slice()
@@ -184,6 +193,17 @@ def run(
         "continuous_mean_tokens_per_step": round(cont["mean_batch"], 1),
         **{f"{m}_seq_per_s_by_round": [round(x["seq_per_s"], 1) for x in runs[m]] for m in modes},
     }
+    if replica_runs:
+        rep_rate = sum(r["seq_per_s"] for r in replica_runs) / len(replica_runs)
+        report.update({
+            "replicas": replicas,
+            "continuous_replicas_seq_per_s": round(rep_rate, 1),
+            "continuous_replicas_steady_seq_per_s": round(
+                sum(r["steady_seq_per_s"] for r in replica_runs) / len(replica_runs), 1),
+            "ratio_continuous_replicas_vs_sequential": round(rep_rate / seq["seq_per_s"], 2),
+            "ratio_continuous_replicas_vs_continuous": round(rep_rate / cont["seq_per_s"], 2),
+            "continuous_replicas_seq_per_s_by_round": [r["seq_per_s"] for r in replica_runs],
+        })
     if sweep:
         table = []
         for b in sweep:
@@ -232,12 +252,14 @@ def http_requests(count: int, seeded_share: float = 0.0) -> list[CoupletRequest]
 
 
 def peak(model_path: str | None, max_batch_size: int, requests: int, threads: int,
-         workload: str = "mixed", matmul: str | None = None, seeded_share: float = 0.0) -> dict[str, Any]:
+         workload: str = "mixed", matmul: str | None = None, seeded_share: float = 0.0,
+         part: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """Continuous batching only, all ``requests`` submitted at once (the engine's peak), on
     the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``); ``matmul``
     None: the service's setting (``CHUNLIAN_MATMUL``), as the server it is compared with.
     ``seq_per_s`` over the whole run; ``steady_seq_per_s`` between 10% and 90% done
-    (``steady_rate``: without the filling and the draining batch)."""
+    (``steady_rate``: without the filling and the draining batch). ``part`` ``(i, n)``: run
+    every n-th request from the i-th (one of n replicas side by side: ``replicated_peak``)."""
     from chunlian.engine.runner import single_threaded_here
     from chunlian.model.hengpi import HengpiSelector
 
@@ -246,6 +268,7 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
     hengpi = HengpiSelector.from_loaded(loaded)
     mix: list[str] | list[CoupletRequest] = (
         http_requests(requests, seeded_share) if workload == "http" else mixed_lines(requests))
+    mix = mix[part[0]::part[1]]
     warm = min(16, max_batch_size)
     asyncio.run(_drive(loaded, mix[:16], warm, "continuous", hengpi, threads))  # warm-up
     r = asyncio.run(_drive(loaded, mix, max_batch_size, "continuous", hengpi, threads))
@@ -261,8 +284,8 @@ def replicated_peak(model_path: str | None, max_batch_size: int, requests: int, 
                     seeded_share: float = 0.0) -> dict[str, Any]:
     """``peak`` of ``replicas`` engines side by side, each in its own process with
     ``threads`` torch threads and its share of the rows and of the requests (as
-    ``engine.replicas`` splits them): the sum of their rates. Each child takes its share of
-    the same request list (every ``replicas``-th request), so the mix is the same."""
+    ``engine.replicas`` splits them): the sum of their rates. Child i runs every
+    ``replicas``-th request of the same list from the i-th, so each sees the whole mix."""
     import json
     import subprocess
     import sys
@@ -275,8 +298,8 @@ def replicated_peak(model_path: str | None, max_batch_size: int, requests: int, 
             "import json\n"
             "from chunlian.bench.engine import peak\n"
             f"print(json.dumps(peak({model_path!r}, {share(max_batch_size, replicas, i)}, "
-            f"{share(requests, replicas, i)}, {threads}, {workload!r}, {matmul!r}, "
-            f"seeded_share={seeded_share!r})))\n"
+            f"{requests}, {threads}, {workload!r}, {matmul!r}, "
+            f"seeded_share={seeded_share!r}, part=({i}, {replicas}))))\n"
         )
         procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True))
     parts = []
