@@ -118,25 +118,44 @@ async def test_identical_requests_in_flight_share_a_replica_and_coalescing_can_b
         assert eng._inflight == {}
 
 
-async def test_errors_reach_the_caller_and_free_the_slot() -> None:
+async def test_a_request_whose_replica_dies_goes_to_another_and_errors_free_the_slot() -> None:
     eng, fakes = _engine(2)
     await eng.start()
     task = asyncio.ensure_future(eng.generate(CoupletRequest(upper="春回大地")))
     await _settle()
-    await fakes[0].stop()  # replica 0 dies under its request
-    with pytest.raises(E.EngineStopped):
-        await task
+    assert [len(f.sent) for f in fakes] == [1, 0]
+    await fakes[0].stop()  # replica 0 dies under its request: it is sent to replica 1
+    await _settle()
+    assert [len(f.sent) for f in fakes] == [1, 1] and not task.done()
+    fakes[1].release_all()
+    assert (await task).best.upper == "春回大地"
     assert eng._outstanding == [0, 0] and eng._inflight == {}
     assert eng.running and eng.replicas_up == 1  # degraded: the other one serves
     # what is still sent goes to the running replica
+    before = len(fakes[1].sent)
     t2 = asyncio.ensure_future(eng.generate(CoupletRequest(upper="福满人间")))
     await _settle()
-    assert len(fakes[1].sent) == 1
+    assert len(fakes[1].sent) == before + 1 and len(fakes[0].sent) == 1
     fakes[1].release_all()
     await t2
     await fakes[1].stop()
     with pytest.raises(E.EngineStopped):
         await eng.generate(CoupletRequest(upper="国泰民安"))
+
+
+async def test_a_request_is_sent_once_more_only() -> None:
+    eng, fakes = _engine(3)
+    await eng.start()
+    task = asyncio.ensure_future(eng.generate(CoupletRequest(upper="春回大地")))
+    await _settle()
+    first = next(f for f in fakes if f.sent)
+    await first.stop()
+    await _settle()
+    second = next(f for f in fakes if f.sent and f is not first)
+    await second.stop()  # the second replica dies too: the caller gets the error
+    with pytest.raises(E.EngineStopped):
+        await task
+    assert eng.replicas_up == 1 and sum(len(f.sent) for f in fakes) == 2
 
 
 async def test_cancelled_callers_free_their_rows() -> None:

@@ -21,7 +21,8 @@ engine. The replicas share ``max_batch_size`` and ``max_queue_size`` (``share``)
 instance's totals stay as configured; there are never more replicas than batch rows.
 
 Every future completes on every path, as in ``ProcessEngine``: a replica's answer or error
-is the caller's (a replica that dies fails its pending requests with ``EngineStopped``).
+is the caller's, except that a request whose replica died under it is sent once more to a
+running one (generation has no side effects).
 A supervisor task replaces a replica that stopped (a new process; back-off 1, 2, 5, 10, 30 s
 between failed starts) while the others go on serving: ``running`` is true while any replica
 runs, and ``/metrics`` shows ``chunlian_engine_replicas_up`` against
@@ -230,9 +231,19 @@ class ReplicatedEngine:
 
     # ---- requests --------------------------------------------------------------------------
     async def generate(self, req: CoupletRequest) -> CoupletResult:
-        """Generate on one replica (module docstring); raises what ``Engine.generate`` raises."""
+        """Generate on one replica (module docstring); raises what ``Engine.generate`` raises.
+        A request whose replica stopped under it (``EngineStopped``) is sent once more, to
+        another running replica: generation has no side effects, and a crash loses nothing."""
         identity = req.identity()
-        i = self._route(identity)
+        try:
+            return await self._generate_on(self._route(identity), req, identity)
+        except E.EngineStopped:
+            if self._stopping or self.replicas_up == 0:
+                raise
+            log.warning("an engine replica stopped under a request; sending it to another")
+            return await self._generate_on(self._route(identity), req, identity)
+
+    async def _generate_on(self, i: int, req: CoupletRequest, identity: RequestIdentity) -> CoupletResult:
         seqs = req.params.n
         self._outstanding[i] += seqs
         if self.settings.coalesce:
