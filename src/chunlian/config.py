@@ -54,8 +54,9 @@ class Settings(BaseSettings):
     # lone request by a third where memory is slow (AVX2 host: 42 vs 58-65 ms), changes 1.3%
     # of the answers and slows large batches (4-22%); so fp32 by default
     matmul: Matmul = "float32"
-    # run the engine core (model, scheduler) in its own process (engine.process): the web
-    # server and the engine then hold separate interpreter locks and can use separate cores.
+    # with one engine (engine_replicas 1, or auto on cuda): run its core (model, scheduler)
+    # in its own process (engine.process): the web server and the engine then hold separate
+    # interpreter locks and can use separate cores. (Replicas always run in child processes.)
     # Off by default: on 2 cores it gave +10-15% on misses but, under the 2,000-connection
     # overload, starved the web process (answers past their deadline); see docs/benchmarks.md
     engine_process: bool = False
