@@ -43,7 +43,8 @@ class Settings(BaseSettings):
     model_path: Path | None = None  # None: the weights shipped in the package
     device: Literal["cpu", "cuda", "auto"] = "auto"
     # 0 = auto: the machine's cores, at most 4 (a 4 M-parameter model gains little beyond);
-    # with engine replicas, each gets cores // replicas (resolved_replica_threads). They belong to the engine thread alone (ModelRunner.bind_thread); OpenMP's default
+    # with engine replicas, each gets cores // replicas (resolved_replica_threads). They
+    # belong to the engine thread alone (ModelRunner.bind_thread); OpenMP's default
     # wait policy is kept: OMP_WAIT_POLICY=PASSIVE cost 37% of miss throughput (docs/benchmarks.md)
     torch_threads: int = Field(0, ge=0, le=256)
     # precision of the model's linear layers (model.lowp): bfloat16 (or auto: bf16 where the

@@ -87,7 +87,6 @@ class _EngineCollector(Collector):
         if self.device.startswith("cuda"):
             yield from _gpu_metrics()
 
-
     def _replica_metrics(self) -> Iterable[Metric]:
         """Engine replicas configured and running (``engine.replicas``; a single engine is
         one), and replicas replaced since start."""
