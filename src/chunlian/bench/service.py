@@ -100,7 +100,8 @@ def engine_peak(max_batch_size: int, requests: int, threads: int,
 def replicas_peak(max_batch_size: int, requests: int, replicas: int, threads: int,
                   seeded_share: float = 0.0) -> dict[str, Any]:
     """The offline peak of the served replica layout (``engine.replicas``): ``replicas``
-    engine processes side by side, each with its share of the rows (``engine.replicated_peak``)."""
+    engine processes side by side, each with its share of the rows (``engine.replicated_peak``,
+    imported here: ``bench.engine`` loads torch, which the load generator's process does without)."""
     from chunlian.bench.engine import replicated_peak
 
     return replicated_peak(None, max_batch_size, requests, replicas, threads, "http",

@@ -125,7 +125,9 @@ class ProcessEngine:
 
     @property
     def running(self) -> bool:
-        return self._alive and self._proc is not None and self._proc.is_alive()
+        # the reader thread clears ``_alive`` when the pipe closes, which the child's exit
+        # does; no waitpid here: this is read on every request (by each replica's router too)
+        return self._alive
 
     def add_step_listener(self, fn: Callable[[StepReport], None]) -> None:
         self._listeners.append(fn)
