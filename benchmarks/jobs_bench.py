@@ -8,7 +8,8 @@
 3. ``interactive``: p50/p99 latency of ``POST /v1/couplets`` (unique lines: cache misses)
    at concurrency 16 against one ``chunlian serve`` process, first alone, then while an
    in-process bulk job (thousands of items, ``bulk`` priority, the same engine) runs on
-   it. Ratio of the p99s; and how many bulk items got done meanwhile.
+   it. Ratio of the p99s; and how many bulk items got done meanwhile. ``--quality-job``:
+   again with the bulk job in the quality mode (``jobs.quality``: its own child process).
 4. ``colocated`` (``--colocated``): the same interactive load while a Celery worker on the
    same machine runs a job, (a) with its own model (competing for the cores; at the default
    ``worker_nice`` and, for comparison, not niced), (b) with ``--engine-url`` (items sent to
@@ -323,7 +324,7 @@ def progress(url: str, job_id: str) -> dict[str, int]:
 
 
 def interactive(threads: int, batch: int, concurrency: int, duration: float, bulk_items: int,
-                logs: Path, share: float | None = None) -> dict[str, Any]:
+                logs: Path, share: float | None = None, quality: bool = False) -> dict[str, Any]:
     env = base_env(threads, batch)
     if share is not None:
         env["CHUNLIAN_BULK_MIN_SHARE"] = str(share)
@@ -338,10 +339,11 @@ def interactive(threads: int, batch: int, concurrency: int, duration: float, bul
         meter = CpuMeter({server.p.pid})
         alone = asyncio.run(interactive_load(url, alone_u, concurrency, duration))
         alone["cpu"] = meter.report()
-        r = httpx.post(f"{url}/v1/jobs", json={"items": [{"upper": u} for u in bulk_u]}, timeout=60)
+        r = httpx.post(f"{url}/v1/jobs", json={"items": [{"upper": u} for u in bulk_u], "quality": quality},
+                       timeout=60)
         r.raise_for_status()
         job_id = r.json()["job_id"]
-        wait_for(lambda: progress(url, job_id)["done"] > 0, 120, "the bulk job to start")
+        wait_for(lambda: progress(url, job_id)["done"] > 0, 300, "the bulk job to start")
         # (no quiet wait here: the bulk job is running on purpose)
         p0, t0 = progress(url, job_id), time.perf_counter()
         meter = CpuMeter({server.p.pid})
@@ -355,7 +357,7 @@ def interactive(threads: int, batch: int, concurrency: int, duration: float, bul
         httpx.delete(f"{url}/v1/jobs/{job_id}", timeout=30)
         return {
             "concurrency": concurrency, "duration_s": duration, "torch_threads": threads, "max_batch_size": batch,
-            "bulk_min_share": share if share is not None else "default (0.125)",
+            "bulk_min_share": share if share is not None else "default (0.125)", "quality_job": quality,
             "alone": alone, "with_bulk_job": with_bulk,
             "p99_ratio_with_vs_alone": round(with_bulk["p99_ms"] / alone["p99_ms"], 2),
             "p50_ratio_with_vs_alone": round(with_bulk["p50_ms"] / alone["p50_ms"], 2),
@@ -428,6 +430,8 @@ def main() -> None:
     ap.add_argument("--bulk-items", type=int, default=5000, help="items of the in-process bulk job")
     ap.add_argument("--shares", default="", help="also measure (3) with these CHUNLIAN_BULK_MIN_SHARE values")
     ap.add_argument("--colocated", action="store_true", help="also: a Celery worker beside the server")
+    ap.add_argument("--quality-job", action="store_true",
+                    help="also measure (3) with the bulk job in the quality mode (its own child process)")
     ap.add_argument("--skip", default="", help="comma-separated: engine,celery,interactive")
     ap.add_argument("--wait-quiet", type=float, default=300.0,
                     help="before each measurement, wait up to this long for other work on the machine to stop")
@@ -455,6 +459,10 @@ def main() -> None:
         for share in [float(x) for x in args.shares.split(",") if x]:
             report[f"interactive_share_{share:g}"] = interactive(
                 args.threads, args.max_batch_size, args.concurrency, args.duration, args.bulk_items, logs, share)
+        if args.quality_job:
+            report["interactive_quality_job"] = interactive(
+                args.threads, args.max_batch_size, args.concurrency, args.duration, args.bulk_items, logs,
+                quality=True)
     if args.colocated:
         report["colocated"] = colocated(args.threads, args.max_batch_size, args.concurrency, args.duration,
                                         args.bulk_items, logs)

@@ -33,7 +33,7 @@ from chunlian.errors import InvalidInput
 from chunlian.jobs.items import MAX_JOB_ITEMS
 from chunlian.jobs.redis_store import job_keys
 from chunlian.jobs.worker import HANG_TEXT, MAX_TRIES, POISON_TEXT
-from chunlian.text import validate_upper
+from chunlian.text import is_han, validate_upper
 from tests.integration.live_server import LiveServer, model_path
 from tests.unit.api_fakes import FakeEngine
 from tests.unit.test_api_routes import assert_error
@@ -237,6 +237,27 @@ def test_500_items_complete_with_every_result(api: httpx.Client, rds: redis.Redi
     meta, n_results, tries = store_counts(rds, job_id)
     assert n_results == 500 and meta["done"] == "500" and set(tries.values()) == {1}
     assert 0 < rds.ttl(job_keys(job_id)[1]) <= TTL_S
+
+
+def test_a_quality_job_runs_on_a_worker(api: httpx.Client, weights: Path, log_dir: Path) -> None:
+    lines = uppers(10)
+    r = api.post("/v1/jobs", json={"items": [{"upper": u} for u in lines], "quality": True})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    JOB_IDS.add(job_id)
+    worker = Worker(weights, log_dir)
+    try:
+        worker.start()
+        body = wait_until(lambda: finished(api, job_id), 300, "the quality job", every_s=1.0)
+        assert "loaded the quality mode" in worker.log()
+    finally:
+        worker.stop()
+    assert body["progress"] == {"done": 10, "failed": 0, "cancelled": 0, "total": 10}
+    results = all_results(api, job_id, 10)
+    assert [r["upper"] for r in results] == lines
+    for r in results:  # the quality mode's rules hold as the engine's do
+        assert "@rev-" in r["model"] and len(r["lower"]) == len(r["upper"]) and r["hengpi"]
+        assert not {c for c in r["upper"] if is_han(c)} & set(r["lower"])
 
 
 def test_sigkilled_worker_mid_job_every_item_exactly_once(

@@ -87,3 +87,26 @@ def test_cli_submit_wait_writes_results(live: LiveServer, tmp_path: Path) -> Non
     p = subprocess.run([sys.executable, "-m", "chunlian.cli", "jobs", "submit", str(bad), "--url", live.base_url],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 2 and "item 2" in p.stderr and "upper" in p.stderr
+
+
+def test_cli_quality_job_answers_what_the_offline_quality_mode_does(live: LiveServer, tmp_path: Path) -> None:
+    from chunlian.offline import OfflineGenerator, couplet_request
+
+    lines = uppers(3)
+    src = tmp_path / "uppers.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "results.jsonl"
+    cmd = [sys.executable, "-m", "chunlian.cli", "jobs", "submit", str(src), "--quality", "--wait",
+           "--out", str(out), "--url", live.base_url, "--poll-s", "0.2", "--quiet"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    want = OfflineGenerator.load_quality().generate([couplet_request(u) for u in lines])
+    assert [r["upper"] for r in rows] == lines
+    assert [(r["lower"], r["hengpi"], r["model"]) for r in rows] == [
+        (w.best.lower, w.best.hengpi, w.model) for w in want if not isinstance(w, Exception)]
+    assert "@rev-" in rows[0]["model"]  # the reverse-trained weights answered, not the engine's
+    # a compose item cannot be a quality item: 422, naming it
+    with httpx.Client(base_url=live.base_url, timeout=60) as c:
+        r = c.post("/v1/jobs", json={"items": [{"upper": lines[0]}, {"heads": "李明"}], "quality": True})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "items.1"

@@ -3,6 +3,8 @@
 * ``POST /v1/jobs`` ``{"items": [...]}`` (1 to 10,000 ``/v1/couplets`` or
   ``/v1/couplets/compose`` bodies) → ``202 {"job_id", "status", "total"}``; every item is
   validated first, the first bad one makes it a 422 naming it (``items.7.upper``).
+  ``"quality": true`` answers every item in the offline quality mode (``jobs.quality``:
+  closer to real couplets, about five times slower; 上联 items with n = 1 and no seed).
 * ``GET /v1/jobs/{id}?offset=0&limit=100`` → status, progress and one page of results
   (an entry per item index: done with its couplet, failed with its error, cancelled, or
   pending).
@@ -64,6 +66,11 @@ class JobIn(BaseModel):
         json_schema_extra={"items": {"anyOf": [
             {"$ref": "#/components/schemas/CoupletIn"}, {"$ref": "#/components/schemas/ComposeIn"},
         ]}},
+    )
+    quality: bool = Field(
+        False, description="Answer every item in the offline quality mode: a beam of 32 reranked by "
+        "two more models' judgement (validation BLEU-4 4.15 against 3.29), about five times a greedy "
+        "line's time. Every item must then be a /v1/couplets body with n = 1 and no seed.",
     )
 
 
@@ -128,7 +135,7 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
 @router.post("/v1/jobs", status_code=202, response_model=JobAccepted, responses=_ERRORS)
 async def submit_job(body: JobIn, request: Request) -> Response:
     """Queue a bulk job; poll ``GET /v1/jobs/{job_id}`` for progress and results."""
-    specs = validate_items(body.items)
+    specs = validate_items(body.items, body.quality)
     job_id = await _jobs(request).submit(specs)
     return _json({"job_id": job_id, "status": "queued", "total": len(specs)}, 202,
                  {"Location": f"/v1/jobs/{job_id}"})

@@ -158,7 +158,10 @@ def build_jobs(settings: Settings, service: Any) -> JobsBackend:
         except (AttributeError, KeyError, TypeError):
             return 0
 
+    from chunlian.jobs.quality import QualityProcess
+
     share = max(1, math.floor(settings.max_batch_size * settings.bulk_min_share))
     return InProcessJobs(service, settings.job_result_ttl_s, window=settings.max_batch_size,
                          share=share, interactive_load=interactive_load,
-                         item_timeout_s=settings.job_hard_time_limit_s)
+                         item_timeout_s=settings.job_hard_time_limit_s,
+                         quality=QualityProcess(settings.model_dump()))

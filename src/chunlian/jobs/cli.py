@@ -136,7 +136,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not items:
         return _fail(f"{path} holds no items", 2)
     with _client(args) as client:
-        r = client.post("/v1/jobs", json={"items": items})
+        r = client.post("/v1/jobs", json={"items": items, "quality": args.quality})
         if r.status_code != 202:
             return _fail(_error_text(r), 2 if r.status_code == 422 else 1)
         job_id = r.json()["job_id"]
@@ -218,6 +218,8 @@ def register(sub: Any) -> None:
     s.add_argument("file")
     s.add_argument("--style", default=None, help="style for items that do not name one")
     s.add_argument("--wait", action="store_true", help="wait with a progress bar, then write results")
+    s.add_argument("--quality", action="store_true",
+                   help="the offline quality mode for every item (上联 items only; ~5x slower, closer to real couplets)")
     s.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
     s.add_argument("--poll-s", type=float, default=1.0)
     s.add_argument("--quiet", action="store_true", help="no progress bar")

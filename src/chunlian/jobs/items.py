@@ -8,8 +8,8 @@ model can be asked; the first bad item makes the whole job a 422 naming it
 
 A validated item travels as a *spec*: a small JSON object with only what determines the
 output (``upper`` | ``heads`` + ``length`` | ``keyword`` + ``length``, ``style``, and ``n``
-and ``seed`` when not the defaults). It goes into Celery messages and back into a
-``CoupletRequest`` at ``bulk`` priority in the worker.
+and ``seed`` when not the defaults, ``quality`` in a quality job). It goes into Celery
+messages and back into a ``CoupletRequest`` at ``bulk`` priority in the worker.
 
 A result entry is what ``GET /v1/jobs/{id}`` shows for one item (``index`` is added when
 read)::
@@ -41,10 +41,13 @@ def _prefixed(field: str | None, index: int) -> str:
     return f"items.{index}" + (f".{field}" if field and field != "items" else "")
 
 
-def validate_items(raw: list[Any]) -> list[Spec]:
-    """Specs for every item; raises ``InvalidInput`` naming the first bad one."""
+def validate_items(raw: list[Any], quality: bool = False) -> list[Spec]:
+    """Specs for every item; raises ``InvalidInput`` naming the first bad one. ``quality``:
+    every item is to be answered in the offline quality mode (``jobs.quality``), which only
+    a 上联 with ``n`` = 1 and no seed can be."""
     from chunlian.api.errors import validation_detail
     from chunlian.api.schemas import parse_item
+    from chunlian.jobs.quality import check_quality_item
 
     if not raw:
         raise InvalidInput("items must hold at least one item", "items")
@@ -59,7 +62,11 @@ def validate_items(raw: list[Any]) -> list[Spec]:
             raise InvalidInput(f"items.{i}: {message}", _prefixed(field, i)) from None
         except InvalidInput as e:
             raise InvalidInput(f"items.{i}: {e.message}", _prefixed(e.field, i)) from None
-        specs.append(spec_of(req))
+        spec = spec_of(req)
+        if quality:
+            check_quality_item(spec, i)
+            spec["quality"] = True
+        specs.append(spec)
     return specs
 
 

@@ -18,7 +18,9 @@ each item's result to the store as soon as its sub-batch is done:
 
 Executors: ``LocalExecutor`` (the model in this process, loaded once, ``OfflineGenerator``
 at bulk priority) and ``HttpExecutor`` (a serving instance's engine over HTTP: its
-``/v1/couplets/batch`` endpoint runs items at ``bulk`` priority).
+``/v1/couplets/batch`` endpoint runs items at ``bulk`` priority). Both send a quality job's
+items (``jobs.quality``) to the quality mode's models in this process, in sub-batches of
+``QUALITY_SUB_BATCH``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from chunlian.jobs.items import (
     request_of,
     spec_text,
 )
+from chunlian.jobs.quality import QUALITY_SUB_BATCH, QualityModel, is_quality
 from chunlian.jobs.store import JobStore
 from chunlian.types import CoupletResult
 
@@ -104,11 +107,13 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """The model in this process (loaded once per worker process)."""
+    """The model in this process (loaded once per worker process); quality items go to the
+    quality mode's models (``jobs.quality``, loaded at the first one)."""
 
-    def __init__(self, generator: Any, batch_size: int) -> None:
+    def __init__(self, generator: Any, batch_size: int, quality: Any = None) -> None:
         self.gen = generator
         self.batch_size = batch_size
+        self.quality = quality if quality is not None else QualityModel()
 
     @classmethod
     def from_settings(cls, settings: Any) -> LocalExecutor:
@@ -121,7 +126,7 @@ class LocalExecutor:
         gen = OfflineGenerator.load(settings.model_path, device, capacity=settings.max_batch_size,
                                     matmul=settings.matmul, blocklist=settings.generation_blocklist())
         log.info("worker %d loaded %s on %s", os.getpid(), gen.loaded.tag, device)
-        return cls(gen, settings.max_batch_size)
+        return cls(gen, settings.max_batch_size, QualityModel(device, settings.generation_blocklist()))
 
     def _reset(self) -> None:
         runner = self.gen.runner
@@ -129,11 +134,32 @@ class LocalExecutor:
             runner.release(list(runner.live_ids))
 
     def run(self, specs: Sequence[Spec]) -> list[Outcome]:
+        _hooks_before_run(specs)
+        return split_run(specs, self._run_plain, self.quality.run)
+
+    def _run_plain(self, specs: Sequence[Spec]) -> list[Outcome]:
         try:
-            _hooks_before_run(specs)
             return list(self.gen.generate([request_of(s) for s in specs]))
         finally:
             self._reset()  # an exception mid-batch must not leave rows in the KV cache
+
+
+def split_run(specs: Sequence[Spec], plain: Callable[[Sequence[Spec]], Sequence[Outcome]],
+              quality: Callable[[Sequence[Spec]], Sequence[Outcome]]) -> list[Outcome]:
+    """Run the quality items (``jobs.quality``) and the others each their own way; the
+    outcomes in the specs' order."""
+    q = [k for k, s in enumerate(specs) if is_quality(s)]
+    if not q:
+        return list(plain(specs))
+    if len(q) == len(specs):
+        return list(quality(specs))
+    qs = set(q)
+    rest = [k for k in range(len(specs)) if k not in qs]
+    out: list[Outcome | None] = [None] * len(specs)
+    for ks, outcomes in ((q, quality([specs[k] for k in q])), (rest, plain([specs[k] for k in rest]))):
+        for k, o in zip(ks, outcomes, strict=True):
+            out[k] = o
+    return [o for o in out if o is not None]
 
 
 _TRANSIENT_CODES = {"overloaded", "deadline_exceeded", "engine_stopped", "cancelled", "not_ready",
@@ -152,12 +178,17 @@ class HttpExecutor:
         self.client = client or httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s,
                                              headers=headers)
         self.batch_size = min(batch_size, 256)
+        # the serving instance has no quality mode: this process runs it (``jobs.quality``)
+        self.quality = QualityModel()
 
     def run(self, specs: Sequence[Spec]) -> list[Outcome]:
+        _hooks_before_run(specs)
+        return split_run(specs, self._run_plain, self.quality.run)
+
+    def _run_plain(self, specs: Sequence[Spec]) -> list[Outcome]:
         from chunlian.errors import ModelError
         from chunlian.types import Couplet
 
-        _hooks_before_run(specs)
         r = self.client.post("/v1/couplets/batch", json={"items": list(specs)})
         if r.status_code != 200:
             raise RuntimeError(f"engine answered HTTP {r.status_code}")
@@ -192,7 +223,7 @@ class RetryChunk(Exception):
     """Some items failed transiently and have tries left: retry the chunk (with backoff)."""
 
 
-def _entry(outcome: Outcome, spec: Spec) -> Entry | None:
+def outcome_entry(outcome: Outcome, spec: Spec) -> Entry | None:
     """The stored entry of an outcome; None for a transient failure."""
     if isinstance(outcome, CoupletResult):
         return done_entry(outcome, int(spec.get("n", 1)))
@@ -253,6 +284,8 @@ def process_chunk(
     fresh = [i for i in pending if prior.get(i, 0) == 0]
     ex = _resolve(executor)  # a factory is called only when there is model work to do
     size = max(1, ex.batch_size)
+    if any(is_quality(by_index[i]) for i in fresh):  # slow searches: record every few
+        size = min(size, QUALITY_SUB_BATCH)
     batches = [[i] for i in suspects if i not in exhausted]
     batches += [fresh[k:k + size] for k in range(0, len(fresh), size)]
     last_error = "soft time limit exceeded"
@@ -269,7 +302,7 @@ def process_chunk(
             outcomes = _run_isolated(ex, [(i, by_index[i]) for i in batch])
             writes: list[tuple[int, Entry]] = []
             for i, outcome in zip(batch, outcomes, strict=True):
-                entry = _entry(outcome, by_index[i])
+                entry = outcome_entry(outcome, by_index[i])
                 if entry is None:
                     report.transient[i] = outcome.message if isinstance(outcome, Transient) else str(outcome)
                 else:

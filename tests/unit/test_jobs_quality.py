@@ -1,0 +1,163 @@
+"""Quality jobs (``jobs.quality``): which items may ask for the mode, how a worker's executor
+routes them (order kept), the sub-batch size of a quality chunk, and the embedded runner's
+tries, failures and cancellation -- on fakes; ``tests/integration`` runs the real models."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from chunlian.errors import ChunlianError, InvalidInput, ModelError
+from chunlian.jobs.inprocess import InProcessJobs
+from chunlian.jobs.items import Spec, validate_items
+from chunlian.jobs.quality import QUALITY_SUB_BATCH, is_quality
+from chunlian.jobs.store import MemoryJobStore
+from chunlian.jobs.worker import LocalExecutor, Outcome, process_chunk, split_run
+from chunlian.types import Couplet, CoupletResult
+from tests.unit.test_jobs_api import UPPERS, running_app, wait_finished
+from tests.unit.test_jobs_worker import FakeExecutor
+
+
+def result(upper: str, tag: str) -> CoupletResult:
+    return CoupletResult(Couplet(upper, "下" * len(upper), "万象更新", "traditional"), (), tag)
+
+
+class FakeQuality:
+    """A quality runner: ``fail_times`` whole-batch failures first; ``bad`` items answer an error."""
+
+    def __init__(self, fail_times: int = 0, bad: Sequence[str] = (), hold: asyncio.Event | None = None) -> None:
+        self.fail_times = fail_times
+        self.bad = set(bad)
+        self.hold = hold
+        self.calls: list[list[str]] = []
+        self.closed = False
+
+    async def run(self, specs: Sequence[Spec]) -> list[CoupletResult | ChunlianError]:
+        self.calls.append([s["upper"] for s in specs])
+        assert all(is_quality(s) for s in specs)
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.fail_times > 0:
+            self.fail_times -= 1
+            raise RuntimeError("the quality child died")
+        return [ModelError("no couplet satisfied the rules") if s["upper"] in self.bad
+                else result(s["upper"], "quality@test") for s in specs]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_only_plain_upper_items_may_ask_for_the_quality_mode() -> None:
+    specs = validate_items([{"upper": "春回大地千山秀"}, {"upper": "生意兴隆通四海", "style": "business"}], quality=True)
+    assert [s.get("quality") for s in specs] == [True, True] and specs[1]["style"] == "business"
+    assert "quality" not in validate_items([{"upper": "春回大地千山秀"}])[0]
+    for bad, index in (([{"upper": "春回大地千山秀"}, {"heads": "李明"}], 1),
+                       ([{"keyword": "新春"}], 0),
+                       ([{"upper": "春回大地千山秀", "n": 3}], 0),
+                       ([{"upper": "春回大地千山秀"}, {"upper": "天增岁月人增寿", "seed": 7}], 1)):
+        with pytest.raises(InvalidInput) as e:
+            validate_items(bad, quality=True)
+        assert e.value.field == f"items.{index}" and "quality" in e.value.message
+    with pytest.raises(InvalidInput) as e:  # the item's own rules still come first
+        validate_items([{"upper": "hello"}], quality=True)
+    assert e.value.field == "items.0.upper"
+
+
+def test_an_executor_routes_quality_items_and_keeps_the_order() -> None:
+    seen: dict[str, list[str]] = {"plain": [], "quality": []}
+
+    def run(kind: str) -> Any:
+        def f(specs: Sequence[Spec]) -> list[Outcome]:
+            seen[kind] += [s["upper"] for s in specs]
+            return [result(s["upper"], kind) for s in specs]
+        return f
+
+    specs: list[Spec] = [{"upper": u, **({"quality": True} if k % 3 == 0 else {})} for k, u in enumerate(UPPERS)]
+    out = split_run(specs, run("plain"), run("quality"))
+    assert [o.best.upper for o in out if isinstance(o, CoupletResult)] == UPPERS
+    assert [o.model for o in out if isinstance(o, CoupletResult)] == [
+        "quality" if k % 3 == 0 else "plain" for k in range(len(UPPERS))]
+    assert seen["quality"] == UPPERS[::3] and len(seen["plain"]) == len(UPPERS) - len(UPPERS[::3])
+    seen = {"plain": [], "quality": []}
+    split_run(specs[:1], run("plain"), run("quality"))
+    split_run(specs[1:2], run("plain"), run("quality"))
+    assert seen == {"plain": [UPPERS[1]], "quality": [UPPERS[0]]}
+
+
+def test_a_local_executor_sends_quality_items_to_its_quality_models() -> None:
+    class Gen:
+        def generate(self, reqs: list[Any]) -> list[Any]:
+            raise AssertionError("the greedy model got a quality item")
+
+    class Quality:
+        def run(self, specs: Sequence[Spec]) -> list[Outcome]:
+            return [result(s["upper"], "quality@test") for s in specs]
+
+    ex = LocalExecutor(Gen(), 16, Quality())
+    out = ex.run([{"upper": u, "quality": True} for u in UPPERS[:3]])
+    assert [o.model for o in out if isinstance(o, CoupletResult)] == ["quality@test"] * 3
+
+
+def test_a_quality_chunk_runs_and_records_in_small_sub_batches() -> None:
+    store = MemoryJobStore(ttl_s=3600)
+    store.create("j", 20)
+    ex = FakeExecutor(batch_size=50)
+    texts = [f"春回大地{i:02d}山秀" for i in range(20)]
+    report = process_chunk("j", [(i, {"upper": t, "quality": True}) for i, t in enumerate(texts)], store, ex)
+    assert report.done == 20
+    assert [len(c) for c in ex.calls] == [QUALITY_SUB_BATCH, QUALITY_SUB_BATCH, 20 - 2 * QUALITY_SUB_BATCH]
+    plain = FakeExecutor(batch_size=50)
+    store.create("k", 20)
+    process_chunk("k", [(i, {"upper": t}) for i, t in enumerate(texts)], store, plain)
+    assert [len(c) for c in plain.calls] == [20]
+
+
+async def test_an_embedded_quality_job_skips_the_engine_and_retries_a_failed_batch() -> None:
+    async with running_app() as h:
+        jobs = h.client._transport.app.state.jobs  # type: ignore[attr-defined]
+        assert isinstance(jobs, InProcessJobs)
+        fake = FakeQuality(fail_times=1, bad=[UPPERS[9]])
+        jobs.quality, jobs.backoff_s = fake, 0.001
+        r = await h.client.post("/v1/jobs", json={"items": [{"upper": u} for u in UPPERS], "quality": True})
+        assert r.status_code == 202, r.text
+        body = await wait_finished(h.client, r.json()["job_id"])
+        assert body["progress"] == {"done": 9, "failed": 1, "cancelled": 0, "total": 10}
+        res = (await h.client.get(f"/v1/jobs/{r.json()['job_id']}", params={"limit": 10})).json()["results"]
+        assert [x["upper"] for x in res[:9]] == UPPERS[:9] and {x["model"] for x in res[:9]} == {"quality@test"}
+        assert res[9]["status"] == "failed" and res[9]["error"]["code"] == "model_error"
+        # the first batch failed once and ran again; the engine was never asked
+        assert fake.calls == [UPPERS[:8], UPPERS[:8], UPPERS[8:]] and h.engine.calls == []
+        bad = await h.client.post("/v1/jobs", json={"items": [{"heads": "李明"}], "quality": True})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "items.0"
+        bad = await h.client.post("/v1/jobs", json={"items": [{"upper": UPPERS[0]}], "quality": "yes"})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "quality"
+
+
+async def test_an_embedded_quality_job_fails_after_its_tries_and_can_be_cancelled() -> None:
+    async with running_app() as h:
+        jobs = h.client._transport.app.state.jobs  # type: ignore[attr-defined]
+        jobs.quality, jobs.backoff_s = FakeQuality(fail_times=99), 0.001
+        job_id = (await h.client.post("/v1/jobs", json={"items": [{"upper": u} for u in UPPERS[:3]],
+                                                          "quality": True})).json()["job_id"]
+        body = await wait_finished(h.client, job_id)
+        res = (await h.client.get(f"/v1/jobs/{job_id}")).json()["results"]
+        assert body["progress"]["failed"] == 3 and {x["error"]["code"] for x in res} == {"item_failed"}
+        assert "after 3 tries: RuntimeError" in res[0]["error"]["message"]
+
+        hold = asyncio.Event()
+        jobs.quality = FakeQuality(hold=hold)
+        job_id = (await h.client.post("/v1/jobs", json={"items": [{"upper": u} for u in UPPERS],
+                                                          "quality": True})).json()["job_id"]
+        for _ in range(400):
+            if jobs.quality.calls:
+                break
+            await asyncio.sleep(0.005)
+        r = await h.client.delete(f"/v1/jobs/{job_id}")
+        assert r.json()["progress"] == {"done": 0, "failed": 0, "cancelled": 10, "total": 10}
+        hold.set()
+        await asyncio.sleep(0.05)
+        assert len(jobs.quality.calls) == 1  # nothing after the cancellation
+    assert jobs.quality.closed  # shut down with the app
