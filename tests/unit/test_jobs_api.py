@@ -133,6 +133,27 @@ async def test_bulk_keeps_to_its_share_while_interactive_work_is_present() -> No
         engine.hold.set()
 
 
+async def test_bulk_sees_the_interactive_load_whatever_runs_the_engine() -> None:
+    """The jobs' ``interactive_load`` counts what the service has asked of the engine, so it
+    holds for engines without an in-process scheduler (child processes, replicas)."""
+    engine = FakeEngine()
+    engine.hold = asyncio.Event()
+    assert not hasattr(engine, "scheduler")
+    async with running_app(engine) as h:
+        jobs = h.client._transport.app.state.jobs  # type: ignore[attr-defined]
+        assert jobs.interactive_load() == 0
+        one = asyncio.ensure_future(h.client.post("/v1/couplets", json={"upper": UPPERS[0]}))
+        three = asyncio.ensure_future(h.client.post("/v1/couplets", json={"upper": UPPERS[1], "n": 3, "seed": 1}))
+        for _ in range(500):
+            if jobs.interactive_load() == 4:
+                break
+            await asyncio.sleep(0.002)
+        assert jobs.interactive_load() == 4  # 1 + 3 sequences, held in the engine
+        engine.hold.set()
+        assert (await one).status_code == 200 and (await three).status_code == 200
+        assert jobs.interactive_load() == 0
+
+
 async def test_shut_down_with_a_job_running_is_clean() -> None:
     engine = FakeEngine()
     engine.hold = asyncio.Event()

@@ -212,6 +212,19 @@ def test_replica_count_is_validated_and_resolved() -> None:
     assert load_settings(engine_replicas=0, device="cuda").resolved_engine_replicas() == 1
     auto = load_settings(engine_replicas=0, device="cpu").resolved_engine_replicas()
     assert 1 <= auto <= 8
+
+
+def test_auto_replicas_fit_explicit_torch_threads_into_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chunlian import config
+
+    monkeypatch.setattr(config, "usable_cores", lambda: 2)
+    auto = {t: load_settings(engine_replicas=0, torch_threads=t, device="cpu") for t in (0, 1, 2, 3)}
+    # 0 and 1: one single-threaded replica a core; 2 (and more) on 2 cores: one engine with them
+    assert {t: s.resolved_engine_replicas() for t, s in auto.items()} == {0: 2, 1: 2, 2: 1, 3: 1}
+    assert [auto[t].resolved_replica_threads(auto[t].resolved_engine_replicas()) for t in (0, 2)] == [1, 2]
+    monkeypatch.setattr(config, "usable_cores", lambda: 8)
+    assert load_settings(engine_replicas=0, torch_threads=2, device="cpu").resolved_engine_replicas() == 4
+    assert load_settings(engine_replicas=3, torch_threads=2, device="cpu").resolved_engine_replicas() == 3
     with pytest.raises(ConfigError):
         load_settings(engine_replicas=-1)
 

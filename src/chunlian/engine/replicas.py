@@ -40,7 +40,7 @@ from dataclasses import fields
 from typing import Protocol
 
 from chunlian import errors as E
-from chunlian.config import Settings
+from chunlian.config import Settings, usable_cores
 from chunlian.engine.engine import EngineStats, StepReport
 from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
 
@@ -115,6 +115,11 @@ class ReplicatedEngine:
         from chunlian.engine.process import ProcessEngine
 
         n = settings.resolved_engine_replicas()
+        threads, cores = settings.resolved_replica_threads(n), usable_cores()
+        if n * threads > cores:  # both set by hand: say so once, the operator may mean it
+            log.warning("%d engine replicas of %d torch threads each on %d usable cores: the threads "
+                        "will take turns on the cores (set CHUNLIAN_ENGINE_REPLICAS=0 or "
+                        "CHUNLIAN_TORCH_THREADS=0 to fit them)", n, threads, cores)
 
         def factory(i: int) -> Replica:
             return ProcessEngine(replica_settings(settings, n, i))
