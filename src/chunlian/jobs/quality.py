@@ -98,6 +98,8 @@ def _child_init(settings_dump: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):
         # below the engine (ENGINE_NICE) as a worker is below the service: interactive work first
         os.nice(min(19, settings.engine_nice + settings.worker_nice))
+    with contextlib.suppress(AttributeError, OSError):  # Linux: run only on otherwise idle cores
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     set_spin_wait(settings.omp_spin, shared=True)  # before torch loads: it shares the cores
     import torch
 
