@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,3 +112,39 @@ def test_cli_quality_job_answers_what_the_offline_quality_mode_does(live: LiveSe
     with httpx.Client(base_url=live.base_url, timeout=60) as c:
         r = c.post("/v1/jobs", json={"items": [{"upper": lines[0]}, {"heads": "李明"}], "quality": True})
     assert r.status_code == 422 and r.json()["error"]["field"] == "items.1"
+
+
+def _quality_children() -> list[int]:
+    """This process's children that run at SCHED_IDLE: the quality mode's child."""
+    from chunlian.bench.proccpu import process_tree
+
+    out = []
+    for pid in process_tree(os.getpid()) - {os.getpid()}:
+        try:
+            if os.sched_getscheduler(pid) == os.SCHED_IDLE:
+                out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+def test_a_killed_quality_child_is_replaced_and_the_job_completes(live: LiveServer) -> None:
+    lines = uppers(3 * 8)  # three sub-batches
+    with httpx.Client(base_url=live.base_url, timeout=60) as c:
+        r = c.post("/v1/jobs", json={"items": [{"upper": u} for u in lines], "quality": True})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["job_id"]
+
+        def progress() -> dict:
+            return c.get(f"/v1/jobs/{job_id}", params={"limit": 0}).json()["progress"]  # type: ignore[no-any-return]
+
+        wait_until(lambda: progress()["done"] > 0 or None, 240, "the first quality sub-batch")
+        children = _quality_children()
+        assert len(children) == 1, children  # one child, at SCHED_IDLE
+        os.kill(children[0], signal.SIGKILL)
+        body = wait_until(lambda: (lambda b: b if b["status"] in ("done", "failed") else None)(
+            c.get(f"/v1/jobs/{job_id}", params={"limit": 100}).json()), 300, "the quality job")
+    assert body["progress"] == {"done": 24, "failed": 0, "cancelled": 0, "total": 24}
+    assert [x["upper"] for x in body["results"]] == lines
+    new = _quality_children()
+    assert len(new) == 1 and new != children  # a new child took over
