@@ -198,7 +198,7 @@ class Settings(BaseSettings):
         ``max_batch_size``: each replica needs a row), one on cuda. An explicit
         ``TORCH_THREADS=2`` on 2 cores is therefore one engine with both: before, it gave two
         replicas of 2 threads each, four spinning OpenMP threads on two cores, and 3.6
-        instead of ~15 requests/s under a 16-client miss load (eighteenth session)."""
+        instead of 75-90 requests/s under a 16-client miss load (eighteenth session)."""
         if self.engine_replicas:
             return self.engine_replicas
         if self.resolved_device() == "cuda":

@@ -11,8 +11,10 @@ Interactive requests keep the greedy engine; a job may ask for the quality mode 
   (``items.N``), so a job never silently mixes the two kinds of answer.
 * Where it runs: in a ``chunlian worker`` process (Celery mode), next to the usual model,
   loaded at the first quality item (``QualityModel``); in the embedded mode (no broker), in
-  one spawned child process (``QualityProcess``) niced ``ENGINE_NICE + WORKER_NICE`` below
-  the web process, so that the event loop and then the engine replicas get the cores first.
+  one spawned child process (``QualityProcess``) at ``SCHED_IDLE`` (and niced ``ENGINE_NICE
+  + WORKER_NICE``): it runs on cores that the event loop and the engine replicas leave idle.
+  Beside a 16-client miss load that cost interactive throughput 14% (niced alone: 29%), and
+  the job waits while the load lasts (``docs/jobs.md``).
   The quality mode is the shipped pair of weights (``CHUNLIAN_MODEL_PATH`` does not change
   it); a worker on ``--engine-url`` still loads that pair itself for quality items.
 * Sub-batches of ``QUALITY_SUB_BATCH`` items: a search of 32 beams per item is slow, and
@@ -40,7 +42,7 @@ from chunlian.types import CoupletResult
 log = logging.getLogger("chunlian.jobs")
 
 QUALITY_SUB_BATCH = 8  # items per quality search (a beam of 32 each: 256 rows)
-QUALITY_CAPACITY = 64  # rows of the quality generator's runner (its beam takes max(this, 32 * items))
+QUALITY_CAPACITY = 64  # rows of the quality generator (its beam searches 64 // 32 = 2 items at once)
 Answer = CoupletResult | ChunlianError
 
 
