@@ -161,3 +161,40 @@ async def test_an_embedded_quality_job_fails_after_its_tries_and_can_be_cancelle
         await asyncio.sleep(0.05)
         assert len(jobs.quality.calls) == 1  # nothing after the cancellation
     assert jobs.quality.closed  # shut down with the app
+
+
+def test_a_quality_model_loads_once_and_an_engine_url_worker_runs_it_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from chunlian.jobs import quality as Q
+    from chunlian.jobs.worker import HttpExecutor
+    from chunlian.offline import OfflineGenerator
+
+    events: list[str] = []
+
+    class Runner:
+        n_live = 0
+
+    class Gen:
+        runner = Runner()
+        loaded = type("L", (), {"tag": "quality@test"})()
+
+        def generate(self, reqs: list[Any]) -> list[Any]:
+            events.append(f"generate {len(reqs)}")
+            return [result(r.upper, "quality@test") for r in reqs]
+
+    def load_quality(device: str = "cpu", capacity: int = 64, blocklist: Any = None) -> Gen:
+        events.append("load")
+        return Gen()
+
+    monkeypatch.setattr(OfflineGenerator, "load_quality", staticmethod(load_quality))
+    monkeypatch.setattr(os, "sched_setscheduler", lambda pid, policy, param: events.append(f"policy {policy}"))
+    ex = HttpExecutor("http://127.0.0.1:9", client=object())
+    assert ex.quality.idle
+    specs = [{"upper": u, "quality": True} for u in UPPERS[:2]]
+    assert [o.model for o in ex.run(specs) if isinstance(o, CoupletResult)] == ["quality@test"] * 2
+    ex.run(specs)
+    assert events == [f"policy {os.SCHED_IDLE}", "load", "generate 2", "generate 2"]
+    events.clear()
+    Q.QualityModel().run(specs)  # a worker with its own model keeps its nice (WORKER_NICE)
+    assert events == ["load", "generate 2"]

@@ -16,7 +16,8 @@ Interactive requests keep the greedy engine; a job may ask for the quality mode 
   Beside a 16-client miss load that cost interactive throughput 14% (niced alone: 29%), and
   the job waits while the load lasts (``docs/jobs.md``).
   The quality mode is the shipped pair of weights (``CHUNLIAN_MODEL_PATH`` does not change
-  it); a worker on ``--engine-url`` still loads that pair itself for quality items.
+  it); a worker on ``--engine-url`` (on a serving machine) loads that pair itself for quality
+  items and then runs at ``SCHED_IDLE`` too.
 * Sub-batches of ``QUALITY_SUB_BATCH`` items: a search of 32 beams per item is slow, and
   each finished sub-batch is recorded at once, so a chunk cut by its soft time limit loses
   one sub-batch at most (the retry does only what is left).
@@ -63,17 +64,24 @@ def check_quality_item(spec: Spec, index: int) -> None:
 
 
 class QualityModel:
-    """The quality mode's models in this process, loaded at the first ``run``."""
+    """The quality mode's models in this process, loaded at the first ``run``. ``idle``:
+    first move this process to ``SCHED_IDLE`` (``run_when_idle``): for a worker that sends
+    its other items to a serving instance (``--engine-url``), so on that instance's machine,
+    where a model of its own must not take the cores from interactive work."""
 
-    def __init__(self, device: str = "cpu", blocklist: Any = None) -> None:
+    def __init__(self, device: str = "cpu", blocklist: Any = None, idle: bool = False) -> None:
         self.device = device
         self.blocklist = blocklist
+        self.idle = idle
         self._gen: Any = None
 
     def run(self, specs: Sequence[Spec]) -> list[Answer]:
         """One answer per spec, in order (an error object for an item that fails)."""
         if self._gen is None:
             from chunlian.offline import OfflineGenerator
+
+            if self.idle and not run_when_idle():
+                log.warning("process %d could not switch to SCHED_IDLE; the quality mode runs at its nice", os.getpid())
 
             self._gen = OfflineGenerator.load_quality(self.device, QUALITY_CAPACITY, self.blocklist)
             log.info("process %d loaded the quality mode (%s) on %s", os.getpid(), self._gen.loaded.tag,
@@ -85,6 +93,16 @@ class QualityModel:
             runner = gen.runner  # an exception mid-batch must not leave rows in the KV cache
             if runner.n_live:
                 runner.release(list(runner.live_ids))
+
+
+def run_when_idle() -> bool:
+    """Put this process (its calling thread, and threads it starts later) on Linux's
+    ``SCHED_IDLE`` policy: it runs only on cores nothing else wants. False where that fails."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        return False
+    return True
 
 
 # ---- the embedded mode's child process ---------------------------------------------------------
@@ -100,8 +118,7 @@ def _child_init(settings_dump: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):
         # below the engine (ENGINE_NICE) as a worker is below the service: interactive work first
         os.nice(min(19, settings.engine_nice + settings.worker_nice))
-    with contextlib.suppress(AttributeError, OSError):  # Linux: run only on otherwise idle cores
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    run_when_idle()
     set_spin_wait(settings.omp_spin, shared=True)  # before torch loads: it shares the cores
     import torch
 

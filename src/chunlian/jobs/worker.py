@@ -178,8 +178,9 @@ class HttpExecutor:
         self.client = client or httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s,
                                              headers=headers)
         self.batch_size = min(batch_size, 256)
-        # the serving instance has no quality mode: this process runs it (``jobs.quality``)
-        self.quality = QualityModel()
+        # the serving instance has no quality mode: this process runs it (``jobs.quality``),
+        # on the instance's machine, so only on cores the instance leaves idle
+        self.quality = QualityModel(idle=True)
 
     def run(self, specs: Sequence[Spec]) -> list[Outcome]:
         _hooks_before_run(specs)
