@@ -146,6 +146,7 @@ def build_jobs(settings: Settings, service: Any) -> JobsBackend:
     if settings.broker_url:
         return CeleryJobs(settings)
     from chunlian.jobs.inprocess import InProcessJobs
+    from chunlian.jobs.quality import QualityProcess
 
     def interactive_load() -> int:
         """Interactive sequences in the engine now (0 when not ready). Counted by the service,
@@ -155,8 +156,6 @@ def build_jobs(settings: Settings, service: Any) -> JobsBackend:
         in-process job took interactive misses from 91 to 46 requests/s)."""
         svc = service()
         return int(getattr(svc, "interactive_seqs", 0) or 0)
-
-    from chunlian.jobs.quality import QualityProcess
 
     share = max(1, math.floor(settings.max_batch_size * settings.bulk_min_share))
     return InProcessJobs(service, settings.job_result_ttl_s, window=settings.max_batch_size,
