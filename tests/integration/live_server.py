@@ -8,6 +8,8 @@ real loader, runner, rules and engine still run end to end.
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import threading
 import time
@@ -15,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 import httpx
+import pytest
 import uvicorn
 
 from chunlian.api import create_app
@@ -51,6 +54,17 @@ def model_path(tmp_dir: Path) -> Path:
     path = tmp_dir / "tiny-couplet.safetensors"
     save_weights(path, CoupletTransformer(cfg), tok, version="tiny-test")
     return path
+
+
+def nginx_or_skip() -> str:
+    """The nginx binary; a skip without it (a failure under CI, which installs it)."""
+    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
+    if found is None:
+        msg = "nginx is not installed (bash scripts/install-nginx.sh)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return found
 
 
 def free_socket() -> socket.socket:

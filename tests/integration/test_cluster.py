@@ -22,7 +22,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -42,7 +41,7 @@ from chunlian.cluster.launcher import worker_command
 from chunlian.cluster.nginx import ClusterError, NginxConfig, fill, render, template_text
 from chunlian.cluster.procs import free_port
 from chunlian.errors import ConfigError
-from tests.integration.live_server import model_path
+from tests.integration.live_server import model_path, nginx_or_skip
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -51,16 +50,6 @@ READY_LIMIT_S = 150.0
 MARKER_VAR = "CHUNLIAN_TEST_CLUSTER_MARKER"
 WITH_WORKERS = worker_command() is not None
 UPPERS = ("春回大地千山秀", "天增岁月人增寿", "爆竹声声辞旧岁", "一帆风顺年年好", "生意兴隆通四海")
-
-
-def _nginx_or_skip() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
-    if found is None:
-        msg = "nginx is not installed (bash scripts/install-nginx.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return found
 
 
 def _redis_or_skip() -> None:
@@ -226,7 +215,7 @@ def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
-    _nginx_or_skip()
+    nginx_or_skip()
     _redis_or_skip()
     marker = uuid.uuid4().hex
     prefix = tmp_path_factory.mktemp("cluster")
@@ -306,7 +295,7 @@ def test_renderer_refuses_drift_and_bad_parameters(tmp_path: Path) -> None:
 def test_nginx_accepts_the_rendered_config(tmp_path: Path) -> None:
     from chunlian.cluster.nginx import check_config, write
 
-    binary = _nginx_or_skip()
+    binary = nginx_or_skip()
     cfg = NginxConfig(upstreams=("127.0.0.1:9001", "127.0.0.1:9002"), prefix=tmp_path / "ng",
                       listen=f"127.0.0.1:{free_port()}")
     write(cfg)
@@ -453,7 +442,7 @@ def test_the_launcher_stops_everything_on_sigterm(cluster: Launched) -> None:
 
 # ---- a child dying during start-up --------------------------------------------------------------
 def test_an_instance_dying_at_start_up_stops_everything(weights: Path, tmp_path: Path) -> None:
-    _nginx_or_skip()
+    nginx_or_skip()
     marker = uuid.uuid4().hex
     env = _env(marker, weights, CHUNLIAN_MODEL_PATH=str(tmp_path / "no-such-model.safetensors"))
     prefix = tmp_path / "prefix"
@@ -474,7 +463,7 @@ def test_an_instance_dying_at_start_up_stops_everything(weights: Path, tmp_path:
 
 
 def test_nginx_failing_to_bind_stops_everything_with_nginx_words(weights: Path, tmp_path: Path) -> None:
-    _nginx_or_skip()
+    nginx_or_skip()
     marker = uuid.uuid4().hex
     import socket
 
@@ -500,7 +489,7 @@ def test_nginx_failing_to_bind_stops_everything_with_nginx_words(weights: Path, 
 
 def test_a_sigkilled_launcher_leaves_nothing_behind(weights: Path, tmp_path: Path) -> None:
     """The children get SIGTERM from the kernel when the launcher dies (PR_SET_PDEATHSIG)."""
-    _nginx_or_skip()
+    nginx_or_skip()
     marker = uuid.uuid4().hex
     prefix = tmp_path / "prefix"
     proc = _launch(["--instances", "2", "--port", str(free_port()), "--redis-url", REDIS_URL,

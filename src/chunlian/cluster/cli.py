@@ -38,15 +38,24 @@ def _print_config(args: argparse.Namespace) -> int:
         deadline_s=args.deadline_s or 30.0,
         body_limit_bytes=int(os.environ.get("CHUNLIAN_BODY_LIMIT_BYTES") or 1_000_000),
         worker_processes=args.nginx_workers,
+        **_rate_limit(args),
     )
     sys.stdout.write(render(cfg))
     return 0
+
+
+def _rate_limit(args: argparse.Namespace) -> dict[str, Any]:
+    """``NginxConfig``'s per-client rate limit fields from the flags."""
+    return {"client_rate_per_s": args.client_rate, "client_burst": args.client_burst,
+            "rate_limit_exempt": tuple(args.rate_limit_exempt), "trusted_proxies": tuple(args.trusted_proxy)}
 
 
 def _summary(d: dict[str, Any], own_prefix: bool) -> str:
     lines = [f"chunlian cluster ready in {d['ready_s']} s: {d['url']}"]
     ng = d["nginx"]
     lines.append(f"  nginx       pid {ng['pid']:<7} {ng['url']}  (config {ng['config']})")
+    if ng.get("client_rate_per_s"):
+        lines.append(f"              per-client limit {ng['client_rate_per_s']:g} requests/s, burst {ng['client_burst']}")
     for i, inst in enumerate(d["instances"], start=1):
         lines.append(f"  instance {i:<2} pid {inst['pid']:<7} {inst['url']}  id {inst['id']}")
     for i, w in enumerate(d["workers"], start=1):
@@ -85,6 +94,7 @@ def _cluster(args: argparse.Namespace) -> int:
         nginx_worker_processes=args.nginx_workers,
         deadline_s=args.deadline_s,
         worker_own_model=args.worker_own_model,
+        nginx_options=_rate_limit(args),
     )
     stop = threading.Event()
 
@@ -153,6 +163,16 @@ def register(sub: Any) -> None:
                    help="longest request deadline allowed through nginx (default max(30, service default))")
     c.add_argument("--nginx", default=None, help="the nginx binary (default: on PATH or /usr/sbin/nginx)")
     c.add_argument("--nginx-workers", default="auto", help="nginx worker_processes (default auto)")
+    c.add_argument("--client-rate", type=float, default=0.0, metavar="R",
+                   help="per-client limit on /v1/couplets and /v1/jobs, requests a second per address "
+                        "(default 0: off; fractions allowed, e.g. 0.5); above it nginx answers 429 "
+                        "with Retry-After (deploy/nginx/README.md)")
+    c.add_argument("--client-burst", type=int, default=20, metavar="N",
+                   help="requests above --client-rate let through at once (default 20)")
+    c.add_argument("--rate-limit-exempt", action="append", default=[], metavar="CIDR",
+                   help="an address or CIDR never rate limited (repeat)")
+    c.add_argument("--trusted-proxy", action="append", default=[], metavar="CIDR",
+                   help="a proxy or CDN address/CIDR whose X-Forwarded-For names the client (repeat)")
     c.add_argument("--json", action="store_true", help="print the ready cluster as one JSON line")
     c.add_argument("--print-nginx-config", action="store_true",
                    help="only print the rendered nginx config for --upstream HOST:PORT ... and exit")

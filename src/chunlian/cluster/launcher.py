@@ -118,6 +118,9 @@ class ClusterSpec:
     # own model beside an instance took interactive p99 to 47-51x on the tenth session's host)
     worker_own_model: bool = False
     env: Mapping[str, str] = field(default_factory=dict)  # extra env for every child
+    # more NginxConfig fields (the per-client rate limit: client_rate_per_s, client_burst,
+    # rate_limit_exempt, trusted_proxies); NginxConfig.validate checks them before any start
+    nginx_options: Mapping[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
         if self.instances < 1:
@@ -190,6 +193,8 @@ class Cluster:
                 "pid": ng.pid, "url": self.url, "health": f"{self.url}/nginx-health",
                 "config": str(self.nginx_cfg.conf_path) if self.nginx_cfg else None,
                 "log": str(ng.log_path), "access_log": str(ng.log_path.with_name("access.log")),
+                "client_rate_per_s": self.nginx_cfg.client_rate_per_s if self.nginx_cfg else 0.0,
+                "client_burst": self.nginx_cfg.client_burst if self.nginx_cfg else 0,
             },
             "instances": [
                 {"id": c.instance_id, "pid": c.pid, "port": c.port,
@@ -264,6 +269,7 @@ class Cluster:
             body_limit_bytes=_env_number(env, "body_limit_bytes", int),
             worker_processes=spec.nginx_worker_processes,
             access_log=spec.access_log,
+            **spec.nginx_options,
         )
         write(self.nginx_cfg)
         check_config(binary, self.nginx_cfg)

@@ -14,12 +14,17 @@ What the rendered config does (see the template's comments):
 * retry on the next instance for connection errors, timeouts, 502 and 503 only; POSTs are
   re-sent (``non_idempotent``) only under ``/v1/couplets`` (idempotent: same input, same
   cached answer), never under ``/v1/jobs``;
+* an optional per-client request rate on ``/v1/couplets`` and ``/v1/jobs`` (``limit_req``,
+  off by default; 429 in the service's error shape with ``Retry-After``), with exempt
+  addresses and trusted proxies whose ``X-Forwarded-For`` names the client (``realip``);
 * ``/nginx-health``; pid, logs and temp files inside ``prefix``.
 """
 
 from __future__ import annotations
 
 import grp
+import ipaddress
+import math
 import os
 import pwd
 import re
@@ -66,6 +71,13 @@ class NginxConfig:
     access_log: bool = True
     error_log_level: str = "warn"
     user: str | None = None  # the 'user' directive; None: default_user()
+    # Per-client request rate on /v1/couplets and /v1/jobs (0: off). A client is an address
+    # (after trusted_proxies' X-Forwarded-For); above rate + burst it gets nginx's 429.
+    client_rate_per_s: float = 0.0
+    client_burst: int = 20  # requests above the rate let through at once
+    rate_limit_exempt: tuple[str, ...] = ()  # addresses / CIDRs never limited
+    trusted_proxies: tuple[str, ...] = ()  # CIDRs whose X-Forwarded-For names the client
+    rate_limit_zone_mb: int = 10  # shared state: about 16,000 client addresses a megabyte
 
     @property
     def conf_path(self) -> Path:
@@ -92,6 +104,34 @@ class NginxConfig:
             raise ConfigError(f"body_limit_bytes must be at least 1024, got {self.body_limit_bytes}")
         if not re.fullmatch(r"auto|[1-9][0-9]*", str(self.worker_processes)):
             raise ConfigError(f"worker_processes must be 'auto' or a positive number, got {self.worker_processes!r}")
+        self._validate_rate_limit()
+
+    def _validate_rate_limit(self) -> None:
+        rate = self.client_rate_per_s
+        if not (math.isfinite(rate) and (rate == 0 or rate * 60 >= 1)):
+            raise ConfigError(f"client rate must be 0 (off) or at least 1 request a minute (1/60 per second), got {rate}")
+        if not 0 <= self.client_burst <= 100_000:
+            raise ConfigError(f"client burst must be between 0 and 100000 requests, got {self.client_burst}")
+        if not 1 <= self.rate_limit_zone_mb <= 1024:
+            raise ConfigError(f"rate limit zone must be between 1 and 1024 MB, got {self.rate_limit_zone_mb}")
+        for what, nets in (("rate-limit exempt address", self.rate_limit_exempt),
+                           ("trusted proxy", self.trusted_proxies)):
+            for net in nets:
+                try:
+                    ipaddress.ip_network(net, strict=False)
+                except ValueError:
+                    raise ConfigError(f"{what} must be an IP address or CIDR such as 10.0.0.0/8, got {net!r}") from None
+
+    @property
+    def client_rate_directive(self) -> str:
+        """nginx's whole-number rate: ``Nr/s``, or ``Nr/m`` for a fractional rate."""
+        rate = self.client_rate_per_s or 1.0  # off: any valid rate, no key is ever counted
+        return f"{int(rate)}r/s" if rate == int(rate) else f"{round(rate * 60)}r/m"
+
+    @property
+    def retry_after_s(self) -> int:
+        """Seconds until a limited client has room for one more request."""
+        return max(1, math.ceil(1 / self.client_rate_per_s)) if self.client_rate_per_s else 1
 
 
 def template_text() -> str:
@@ -168,8 +208,34 @@ def render(cfg: NginxConfig) -> str:
         "read_timeout_s": _secs(cfg.read_timeout_s),
         "next_upstream_tries": min(len(cfg.upstreams), 4),
         "next_upstream_timeout_s": _secs(cfg.read_timeout_s + cfg.connect_timeout_s),
+        **_rate_limit_values(cfg),
     }
     return fill(template_text(), values)
+
+
+def _rate_limit_values(cfg: NginxConfig) -> dict[str, object]:
+    on = cfg.client_rate_per_s > 0
+    rate = cfg.client_rate_per_s
+    per_min = round(rate * 60)
+    text = (f"{rate:g} request{'' if rate == 1 else 's'}/s" if rate >= 1
+            else f"{per_min} request{'' if per_min == 1 else 's'}/min")
+    exempt = [f"        {ipaddress.ip_network(n, strict=False)} 0;" for n in cfg.rate_limit_exempt]
+    if cfg.trusted_proxies:
+        real_ip = [f"    set_real_ip_from {ipaddress.ip_network(n, strict=False)};" for n in cfg.trusted_proxies]
+        real_ip += ["    real_ip_header X-Forwarded-For;", "    real_ip_recursive on;"]
+    else:
+        real_ip = ["    # (no trusted proxies: a client is the address of its connection)"]
+    return {
+        "rate_limit_state": f"{text}, burst {cfg.client_burst}" if on else "off: every key is empty",
+        "rate_limit_default": 1 if on else 0,
+        "rate_limit_exempt": "\n".join(exempt) or "        # (no exempt addresses)",
+        "real_ip_lines": "\n".join(real_ip),
+        "rate_limit_zone_mb": cfg.rate_limit_zone_mb,
+        "client_rate": cfg.client_rate_directive,
+        "client_rate_text": text if on else "the rate",
+        "client_burst": cfg.client_burst,
+        "rate_limit_retry_after_s": cfg.retry_after_s,
+    }
 
 
 def write(cfg: NginxConfig) -> Path:

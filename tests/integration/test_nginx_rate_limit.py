@@ -1,0 +1,128 @@
+"""The per-client rate limit, enforced by a real nginx in front of a real instance.
+
+nginx runs the config ``chunlian.cluster.nginx`` renders (``--client-rate``), over loopback,
+in front of one uvicorn instance with the shipped weights. Each test starts its own nginx
+(its own limit state). Bounds, not clocks: a limited run of quick requests must see a 429
+in the service's error shape, and no more successes than the rate and burst allow over the
+time the run actually took (however slow this machine is that day).
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from chunlian.cluster.nginx import NginxConfig, check_config, nginx_command, write
+from chunlian.cluster.procs import free_port, http_status
+from chunlian.config import load_settings
+from tests.integration.live_server import LiveServer, model_path, nginx_or_skip
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+UPPER = "春回大地千山秀"  # warmed up: every answer is a cache hit, so the instance is never the limit
+RATE_PER_S = 1.0
+BURST = 2
+
+
+@pytest.fixture(scope="module")
+def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    weights = model_path(tmp_path_factory.mktemp("model"))
+    settings = load_settings(model_path=weights, device="cpu", torch_threads=1, warmup=(UPPER,),
+                             instance_id="rate-limit-test")
+    server = LiveServer(settings).start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def front(instance: LiveServer, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """nginx with ``NginxConfig(**request.param)`` in front of the instance; its base URL."""
+    binary = nginx_or_skip()
+    port = free_port()
+    cfg = NginxConfig(upstreams=(f"127.0.0.1:{instance.port}",), prefix=tmp_path / "nginx",
+                      listen=f"127.0.0.1:{port}", worker_processes="1", **request.param)
+    write(cfg)
+    check_config(binary, cfg)
+    log = (tmp_path / "nginx.out").open("w")
+    proc = subprocess.Popen(nginx_command(binary, cfg), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while http_status("127.0.0.1", port, "/nginx-health") != 200:
+            assert proc.poll() is None, (cfg.prefix / "logs" / "error.log").read_text()
+            assert time.monotonic() < deadline, "nginx did not answer /nginx-health in 30 s"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        log.close()
+
+
+def _burst(client: httpx.Client, count: int, **headers: str) -> tuple[list[httpx.Response], float]:
+    """``count`` couplet requests one after another; the responses and the seconds they took."""
+    t0 = time.monotonic()
+    out = [client.post("/v1/couplets", json={"upper": UPPER}, headers=headers) for _ in range(count)]
+    return out, time.monotonic() - t0
+
+
+def _allowed(elapsed_s: float) -> int:
+    """The most requests nginx may let through in ``elapsed_s``: the burst, the first one,
+    and one per 1/rate seconds (plus one for a refill landing just inside the window)."""
+    return BURST + 1 + math.ceil(elapsed_s * RATE_PER_S) + 1
+
+
+LIMITED = {"client_rate_per_s": RATE_PER_S, "client_burst": BURST}
+
+
+@pytest.mark.parametrize("front", [LIMITED], indirect=True)
+def test_a_client_over_its_rate_gets_429_in_the_service_shape_and_room_again_later(front: str) -> None:
+    with httpx.Client(base_url=front, timeout=30) as c:
+        # X-Forwarded-For is not believed without trusted proxies: varying it changes nothing
+        responses, elapsed_s = _burst(c, 12, **{"X-Forwarded-For": "198.51.100.9", "X-Request-Id": "rl-1"})
+        ok = [r for r in responses if r.status_code == 200]
+        limited = [r for r in responses if r.status_code == 429]
+        assert len(ok) + len(limited) == len(responses), [r.status_code for r in responses]
+        assert BURST + 1 <= len(ok) <= _allowed(elapsed_s), (len(ok), elapsed_s)
+        assert limited, "12 quick requests at 1 request/s with a burst of 2 were never limited"
+        r = limited[0]
+        assert r.json() == {"error": {"code": "rate_limited", "field": None,
+                                      "message": "more than 1 request/s (burst 2) from this address; retry in 1 s"}}
+        assert r.headers["Retry-After"] == "1" and r.headers["X-Request-Id"] == "rl-1"
+        assert "X-Chunlian-Instance" not in r.headers  # nginx's answer: no instance saw it
+        assert all(r.headers.get("X-Chunlian-Instance") == "rate-limit-test" for r in ok)
+        # only /v1/couplets and /v1/jobs are limited: health and the page are not
+        assert all(c.get("/healthz").status_code == 200 for _ in range(10))
+        assert c.get("/nginx-health").status_code == 200
+        time.sleep(1.0 / RATE_PER_S + 0.5)  # one request's worth of room comes back
+        assert c.post("/v1/couplets", json={"upper": UPPER}).status_code == 200
+
+
+@pytest.mark.parametrize("front", [{**LIMITED, "rate_limit_exempt": ("127.0.0.0/8",)}], indirect=True)
+def test_an_exempt_address_is_never_limited(front: str) -> None:
+    with httpx.Client(base_url=front, timeout=30) as c:
+        responses, _ = _burst(c, 12)
+    assert [r.status_code for r in responses] == [200] * 12
+
+
+@pytest.mark.parametrize("front", [{**LIMITED, "trusted_proxies": ("127.0.0.1",)}], indirect=True)
+def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget(front: str) -> None:
+    with httpx.Client(base_url=front, timeout=30) as c:
+        first, elapsed_s = _burst(c, 12, **{"X-Forwarded-For": "203.0.113.7"})
+        codes = [r.status_code for r in first]
+        assert 429 in codes and codes.count(200) <= _allowed(elapsed_s), codes
+        # another client behind the same proxy is not held back by the first one's use
+        other, _ = _burst(c, BURST + 1, **{"X-Forwarded-For": "203.0.113.8"})
+        assert [r.status_code for r in other] == [200] * (BURST + 1)

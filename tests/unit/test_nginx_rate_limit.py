@@ -1,0 +1,94 @@
+"""The per-client rate limit in the rendered nginx config (no nginx needed; the real nginx
+enforcing it is tests/integration/test_nginx_rate_limit.py)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from chunlian.cluster.nginx import NginxConfig, render
+from chunlian.errors import ConfigError
+
+
+def _cfg(tmp_path: Path, **kw: object) -> NginxConfig:
+    return NginxConfig(upstreams=("127.0.0.1:9001",), prefix=tmp_path / "ng", **kw)  # type: ignore[arg-type]
+
+
+def _block(conf: str, head: str) -> str:
+    m = re.search(re.escape(head) + r" \{(.*?)\n\s*\}", conf, re.S)
+    assert m, f"no block {head!r}"
+    return m.group(1)
+
+
+def test_off_by_default_every_client_key_is_empty(tmp_path: Path) -> None:
+    conf = render(_cfg(tmp_path))
+    assert re.search(r"default 0;", _block(conf, "geo $chunlian_rate_limited"))
+    # the limit is wired where it belongs, so turning it on changes only values
+    for loc in ("location /v1/couplets", "location /v1/jobs"):
+        assert "limit_req zone=chunlian_clients burst=20 nodelay;" in _block(conf, loc)
+    for loc in ("location = /nginx-health", "location /"):
+        assert "limit_req" not in _block(conf, loc)
+    assert "set_real_ip_from" not in conf and "{{" not in conf
+
+
+def test_on_limits_per_address_with_the_service_error_shape(tmp_path: Path) -> None:
+    conf = render(_cfg(tmp_path, client_rate_per_s=5, client_burst=7, rate_limit_exempt=("10.0.0.0/8", "::1"),
+                       trusted_proxies=("192.168.1.7",)))
+    geo = _block(conf, "geo $chunlian_rate_limited")
+    assert "default 1;" in geo and "10.0.0.0/8 0;" in geo and "::1/128 0;" in geo
+    assert "limit_req_zone $chunlian_client_key zone=chunlian_clients:10m rate=5r/s;" in conf
+    assert "limit_req zone=chunlian_clients burst=7 nodelay;" in _block(conf, "location /v1/couplets")
+    assert "limit_req_status 429;" in conf and "error_page 429 @rate_limited;" in conf
+    assert "set_real_ip_from 192.168.1.7/32;" in conf and "real_ip_header X-Forwarded-For;" in conf
+    limited = _block(conf, "location @rate_limited")
+    assert "add_header Retry-After 1 always;" in limited
+    assert '"code":"rate_limited"' in limited and "5 requests/s (burst 7)" in limited
+    assert "add_header X-Request-Id $chunlian_request_id always;" in limited
+
+
+@pytest.mark.parametrize(("rate", "directive", "retry_after_s", "text"), [
+    (2, "2r/s", 1, "2 requests/s"),
+    (2.5, "150r/m", 1, "2.5 requests/s"),
+    (0.5, "30r/m", 2, "30 requests/min"),
+    (1 / 60, "1r/m", 60, "1 request/min"),
+])
+def test_fractional_rates_become_per_minute(tmp_path: Path, rate: float, directive: str, retry_after_s: int,
+                                            text: str) -> None:
+    cfg = _cfg(tmp_path, client_rate_per_s=rate)
+    assert cfg.client_rate_directive == directive and cfg.retry_after_s == retry_after_s
+    conf = render(cfg)
+    assert f"rate={directive};" in conf and f"Retry-After {retry_after_s} always" in conf and text in conf
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    ({"client_rate_per_s": -1}, "client rate"),
+    ({"client_rate_per_s": 0.001}, "at least 1 request a minute"),
+    ({"client_rate_per_s": float("nan")}, "client rate"),
+    ({"client_burst": -1}, "client burst"),
+    ({"rate_limit_zone_mb": 0}, "zone"),
+    ({"rate_limit_exempt": ("10.0.0.0/33",)}, "exempt address"),
+    ({"trusted_proxies": ("cdn.example.com",)}, "trusted proxy"),
+])
+def test_bad_rate_limit_parameters_name_the_problem(tmp_path: Path, kw: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        render(_cfg(tmp_path, **kw))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "chunlian.cli", "cluster", "--print-nginx-config",
+                           "--upstream", "10.0.1.11:8000", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_renders_the_flags_and_refuses_bad_ones() -> None:
+    ok = _cli("--client-rate", "3", "--client-burst", "9", "--rate-limit-exempt", "10.0.0.0/8",
+              "--trusted-proxy", "172.16.0.0/12")
+    assert ok.returncode == 0, ok.stderr
+    assert "rate=3r/s;" in ok.stdout and "burst=9 nodelay;" in ok.stdout
+    assert "10.0.0.0/8 0;" in ok.stdout and "set_real_ip_from 172.16.0.0/12;" in ok.stdout
+    bad = _cli("--trusted-proxy", "not-an-address")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert "trusted proxy" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
