@@ -333,6 +333,30 @@ async def test_raw_connection_resends_once_when_a_kept_alive_connection_was_clos
     assert len(_canned_server.connections) == 3  # type: ignore[attr-defined]
 
 
+async def test_raw_connection_sends_from_its_source_address() -> None:
+    """``source_host`` picks the client's address (any of 127.0.0.0/8 on Linux), so one
+    load generator can act as several clients (benchmarks/rate_limit_bench.py)."""
+    from chunlian.bench.rawhttp import RawConnection
+
+    peers: list[str] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peers.append(writer.get_extra_info("peername")[0])
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}')
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        for source in ("127.0.0.7", None):
+            conn = RawConnection("127.0.0.1", port, timeout_s=2.0, source_host=source)
+            assert await conn.post("/v1/couplets", b"") == ("200", False)
+            conn.close()
+    assert peers == ["127.0.0.7", "127.0.0.1"]
+
+
 async def test_raw_connection_reports_refused_connections() -> None:
     from chunlian.bench.rawhttp import RawConnection
     from chunlian.bench.sweep import free_port

@@ -45,8 +45,9 @@ class RawConnection:
 
     IDLE_REUSE_S = 2.0
 
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float, source_host: str | None = None) -> None:
         self.host, self.port, self.timeout_s = host, port, timeout_s
+        self.source = (source_host, 0) if source_host else None  # the client's own address
         self._head = f"Host: {host}:{port}\r\nContent-Type: application/json\r\n".encode()
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -69,7 +70,7 @@ class RawConnection:
             self.close()  # the server may be closing it (keep-alive timeout): don't race it
         reused = self.writer is not None
         if self.writer is None or self.reader is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port, local_addr=self.source)
         reader, writer = self.reader, self.writer
         writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\n" + self._head
                      + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
