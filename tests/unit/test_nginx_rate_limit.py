@@ -92,3 +92,23 @@ def test_cli_renders_the_flags_and_refuses_bad_ones() -> None:
     bad = _cli("--trusted-proxy", "not-an-address")
     assert bad.returncode == 2 and bad.stdout == ""
     assert "trusted proxy" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("host", "workers", "own_model", "rate", "exempt"), [
+    ("127.0.0.1", 1, False, 2.0, ("10.0.0.0/8", "127.0.0.1")),  # items through nginx: exempt
+    ("::", 1, False, 2.0, ("10.0.0.0/8", "::1")),  # a wildcard listen is dialled on loopback
+    ("127.0.0.1", 0, False, 2.0, ("10.0.0.0/8",)),  # no workers
+    ("127.0.0.1", 1, True, 2.0, ("10.0.0.0/8",)),  # workers with their own model never call nginx
+    ("127.0.0.1", 1, False, 0.0, ("10.0.0.0/8",)),  # no limit, nothing to exempt
+])
+def test_the_cluster_exempts_its_own_workers_from_the_client_rate(
+    host: str, workers: int, own_model: bool, rate: float, exempt: tuple[str, ...],
+) -> None:
+    from chunlian.cluster.launcher import Cluster, ClusterSpec
+
+    said: list[str] = []
+    spec = ClusterSpec(host=host, port=8000, workers=workers, worker_own_model=own_model,
+                       nginx_options={"client_rate_per_s": rate, "rate_limit_exempt": ("10.0.0.0/8",)})
+    options = Cluster(spec, say=said.append)._nginx_options(with_workers=True)
+    assert options["rate_limit_exempt"] == exempt and options["client_rate_per_s"] == rate
+    assert bool(said) == (len(exempt) == 2)

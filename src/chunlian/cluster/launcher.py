@@ -15,6 +15,7 @@ Redis is not started here: it is shared state that outlives a cluster (``--redis
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import shutil
 import signal
@@ -226,6 +227,26 @@ class Cluster:
             raise
         return self
 
+    def _nginx_options(self, with_workers: bool) -> dict[str, Any]:
+        """``spec.nginx_options``, plus, when a per-client rate is set and workers send their
+        items through nginx, the address they come from as exempt: bulk work is paced by the
+        instances' scheduler (bulk priority), and a client limit would turn its batches into
+        429s and retries."""
+        options = dict(self.spec.nginx_options)
+        if not (with_workers and self.spec.workers and not self.spec.worker_own_model
+                and options.get("client_rate_per_s")):
+            return options
+        host = self.local_url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")
+        try:
+            source = str(ipaddress.ip_address(host))  # a local connection comes from the address it dials
+        except ValueError:
+            self.say(f"note: the workers reach nginx at {host!r}, not an address: they are not exempt "
+                     "from --client-rate (add their address with --rate-limit-exempt)")
+            return options
+        options["rate_limit_exempt"] = (*options.get("rate_limit_exempt", ()), source)
+        self.say(f"workers send items through nginx from {source}: exempt from the per-client rate")
+        return options
+
     def _start(self, stop: threading.Event) -> None:
         spec = self.spec
         t0 = time.monotonic()
@@ -269,7 +290,7 @@ class Cluster:
             body_limit_bytes=_env_number(env, "body_limit_bytes", int),
             worker_processes=spec.nginx_worker_processes,
             access_log=spec.access_log,
-            **spec.nginx_options,
+            **self._nginx_options(worker_cmd is not None),
         )
         write(self.nginx_cfg)
         check_config(binary, self.nginx_cfg)
