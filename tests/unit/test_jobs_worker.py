@@ -203,3 +203,25 @@ def test_specs_round_trip_to_bulk_requests() -> None:
         from chunlian.jobs.items import validate_items
 
         validate_items([{"upper": "春回大地千山秀"}, {"keyword": "新春快乐吉祥"}])
+
+
+@pytest.mark.parametrize(("status", "body", "words"), [
+    (429, {"error": {"code": "rate_limited", "message": "more than 2 requests/s (burst 10) from this address",
+                     "field": None}}, "HTTP 429: rate_limited: more than 2 requests/s"),
+    (503, {"error": {"code": "not_ready", "message": "warming up", "field": None}}, "HTTP 503: not_ready: warming up"),
+    (502, "<html>bad gateway</html>", "HTTP 502$"),
+])
+def test_an_engine_url_worker_says_why_the_engine_refused(status: int, body: object, words: str) -> None:
+    """The error a chunk is retried for names the refusal (a worker not exempt from nginx's
+    per-client rate would otherwise only say 'HTTP 429')."""
+    import httpx
+
+    from chunlian.jobs.worker import HttpExecutor
+
+    def answer(_request: httpx.Request) -> httpx.Response:
+        return (httpx.Response(status, json=body) if isinstance(body, dict)
+                else httpx.Response(status, text=str(body)))
+
+    client = httpx.Client(base_url="http://engine.test", transport=httpx.MockTransport(answer))
+    with pytest.raises(RuntimeError, match=words):
+        HttpExecutor("http://engine.test", client=client).run([{"upper": "春回大地千山秀"}])

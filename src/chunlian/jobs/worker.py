@@ -166,6 +166,16 @@ _TRANSIENT_CODES = {"overloaded", "deadline_exceeded", "engine_stopped", "cancel
                     "internal", "client_closed_request"}
 
 
+def _error_words(response: Any) -> str:
+    """``: code: message`` of an error body in the service's shape (also nginx's own, e.g.
+    ``rate_limited`` when this worker's address is not exempt from a per-client rate), else ""."""
+    try:
+        err = response.json()["error"]
+        return f": {err['code']}: {err['message']}"
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
 class HttpExecutor:
     """A serving instance's engine over HTTP (``/v1/couplets/batch``, bulk priority)."""
 
@@ -192,7 +202,7 @@ class HttpExecutor:
 
         r = self.client.post("/v1/couplets/batch", json={"items": list(specs)})
         if r.status_code != 200:
-            raise RuntimeError(f"engine answered HTTP {r.status_code}")
+            raise RuntimeError(f"engine answered HTTP {r.status_code}{_error_words(r)}")
         out: list[Outcome] = []
         for _spec, body in zip(specs, r.json()["results"], strict=True):
             err = body.get("error")
