@@ -13,6 +13,7 @@ import math
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -43,9 +44,20 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         server.stop()
 
 
+@dataclass
+class Front:
+    url: str
+    access_log: Path
+
+    def limit_states(self) -> list[str]:
+        """``$limit_req_status`` of every couplet request in the access log, in order."""
+        lines = self.access_log.read_text().splitlines()
+        return [line.rsplit("limit=", 1)[1] for line in lines if "/v1/couplets" in line]
+
+
 @pytest.fixture
-def front(instance: LiveServer, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
-    """nginx with ``NginxConfig(**request.param)`` in front of the instance; its base URL."""
+def front(instance: LiveServer, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Front]:
+    """nginx with ``NginxConfig(**request.param)`` in front of the instance."""
     binary = nginx_or_skip()
     port = free_port()
     cfg = NginxConfig(upstreams=(f"127.0.0.1:{instance.port}",), prefix=tmp_path / "nginx",
@@ -60,7 +72,7 @@ def front(instance: LiveServer, tmp_path: Path, request: pytest.FixtureRequest) 
             assert proc.poll() is None, (cfg.prefix / "logs" / "error.log").read_text()
             assert time.monotonic() < deadline, "nginx did not answer /nginx-health in 30 s"
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield Front(f"http://127.0.0.1:{port}", cfg.prefix / "logs" / "access.log")
     finally:
         proc.terminate()
         try:
@@ -88,8 +100,8 @@ LIMITED = {"client_rate_per_s": RATE_PER_S, "client_burst": BURST}
 
 
 @pytest.mark.parametrize("front", [LIMITED], indirect=True)
-def test_a_client_over_its_rate_gets_429_in_the_service_shape_and_room_again_later(front: str) -> None:
-    with httpx.Client(base_url=front, timeout=30) as c:
+def test_a_client_over_its_rate_gets_429_in_the_service_shape_and_room_again_later(front: Front) -> None:
+    with httpx.Client(base_url=front.url, timeout=30) as c:
         # X-Forwarded-For is not believed without trusted proxies: varying it changes nothing
         responses, elapsed_s = _burst(c, 12, **{"X-Forwarded-For": "198.51.100.9", "X-Request-Id": "rl-1"})
         ok = [r for r in responses if r.status_code == 200]
@@ -108,18 +120,30 @@ def test_a_client_over_its_rate_gets_429_in_the_service_shape_and_room_again_lat
         assert c.get("/nginx-health").status_code == 200
         time.sleep(1.0 / RATE_PER_S + 0.5)  # one request's worth of room comes back
         assert c.post("/v1/couplets", json={"upper": UPPER}).status_code == 200
+    states = front.limit_states()  # the access log tells operators which requests were refused
+    assert states.count("REJECTED") == len(limited) and states.count("PASSED") == len(ok) + 1
+
+
+@pytest.mark.parametrize("front", [{**LIMITED, "rate_limit_dry_run": True}], indirect=True)
+def test_a_dry_run_refuses_nothing_and_logs_what_it_would_refuse(front: Front) -> None:
+    with httpx.Client(base_url=front.url, timeout=30) as c:
+        responses, elapsed_s = _burst(c, 12)
+    assert [r.status_code for r in responses] == [200] * 12
+    states = front.limit_states()
+    assert len(states) == 12 and states.count("REJECTED_DRY_RUN") >= 12 - _allowed(elapsed_s), states
+    assert states.count("REJECTED_DRY_RUN") >= 1 and set(states) <= {"PASSED", "REJECTED_DRY_RUN"}
 
 
 @pytest.mark.parametrize("front", [{**LIMITED, "rate_limit_exempt": ("127.0.0.0/8",)}], indirect=True)
-def test_an_exempt_address_is_never_limited(front: str) -> None:
-    with httpx.Client(base_url=front, timeout=30) as c:
+def test_an_exempt_address_is_never_limited(front: Front) -> None:
+    with httpx.Client(base_url=front.url, timeout=30) as c:
         responses, _ = _burst(c, 12)
     assert [r.status_code for r in responses] == [200] * 12
 
 
 @pytest.mark.parametrize("front", [{**LIMITED, "trusted_proxies": ("127.0.0.1",)}], indirect=True)
-def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget(front: str) -> None:
-    with httpx.Client(base_url=front, timeout=30) as c:
+def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget(front: Front) -> None:
+    with httpx.Client(base_url=front.url, timeout=30) as c:
         first, elapsed_s = _burst(c, 12, **{"X-Forwarded-For": "203.0.113.7"})
         codes = [r.status_code for r in first]
         assert 429 in codes and codes.count(200) <= _allowed(elapsed_s), codes

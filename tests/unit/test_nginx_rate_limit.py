@@ -33,6 +33,8 @@ def test_off_by_default_every_client_key_is_empty(tmp_path: Path) -> None:
     for loc in ("location = /nginx-health", "location /"):
         assert "limit_req" not in _block(conf, loc)
     assert "set_real_ip_from" not in conf and "{{" not in conf
+    assert "limit_req_dry_run off;" in conf and "limit=$limit_req_status" in conf
+    assert "limit_req_dry_run on;" in render(_cfg(tmp_path, client_rate_per_s=1, rate_limit_dry_run=True))
 
 
 def test_on_limits_per_address_with_the_service_error_shape(tmp_path: Path) -> None:

@@ -47,7 +47,8 @@ def _print_config(args: argparse.Namespace) -> int:
 def _rate_limit(args: argparse.Namespace) -> dict[str, Any]:
     """``NginxConfig``'s per-client rate limit fields from the flags."""
     return {"client_rate_per_s": args.client_rate, "client_burst": args.client_burst,
-            "rate_limit_exempt": tuple(args.rate_limit_exempt), "trusted_proxies": tuple(args.trusted_proxy)}
+            "rate_limit_exempt": tuple(args.rate_limit_exempt), "trusted_proxies": tuple(args.trusted_proxy),
+            "rate_limit_dry_run": args.client_rate_dry_run}
 
 
 def _summary(d: dict[str, Any], own_prefix: bool) -> str:
@@ -55,7 +56,8 @@ def _summary(d: dict[str, Any], own_prefix: bool) -> str:
     ng = d["nginx"]
     lines.append(f"  nginx       pid {ng['pid']:<7} {ng['url']}  (config {ng['config']})")
     if ng.get("client_rate_per_s"):
-        lines.append(f"              per-client limit {ng['client_rate_per_s']:g} requests/s, burst {ng['client_burst']}")
+        dry = " (dry run: logged, not refused)" if ng.get("client_rate_dry_run") else ""
+        lines.append(f"              per-client limit {ng['client_rate_per_s']:g} requests/s, burst {ng['client_burst']}{dry}")
     for i, inst in enumerate(d["instances"], start=1):
         lines.append(f"  instance {i:<2} pid {inst['pid']:<7} {inst['url']}  id {inst['id']}")
     for i, w in enumerate(d["workers"], start=1):
@@ -169,6 +171,8 @@ def register(sub: Any) -> None:
                         "with Retry-After (deploy/nginx/README.md)")
     c.add_argument("--client-burst", type=int, default=20, metavar="N",
                    help="requests above --client-rate let through at once (default 20)")
+    c.add_argument("--client-rate-dry-run", action="store_true",
+                   help="refuse nothing: log what --client-rate would refuse (access log limit=REJECTED_DRY_RUN)")
     c.add_argument("--rate-limit-exempt", action="append", default=[], metavar="CIDR",
                    help="an address or CIDR never rate limited (repeat)")
     c.add_argument("--trusted-proxy", action="append", default=[], metavar="CIDR",

@@ -196,6 +196,7 @@ class Cluster:
                 "log": str(ng.log_path), "access_log": str(ng.log_path.with_name("access.log")),
                 "client_rate_per_s": self.nginx_cfg.client_rate_per_s if self.nginx_cfg else 0.0,
                 "client_burst": self.nginx_cfg.client_burst if self.nginx_cfg else 0,
+                "client_rate_dry_run": self.nginx_cfg.rate_limit_dry_run if self.nginx_cfg else False,
             },
             "instances": [
                 {"id": c.instance_id, "pid": c.pid, "port": c.port,

@@ -78,6 +78,7 @@ class NginxConfig:
     rate_limit_exempt: tuple[str, ...] = ()  # addresses / CIDRs never limited
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose X-Forwarded-For names the client
     rate_limit_zone_mb: int = 10  # shared state: about 16,000 client addresses a megabyte
+    rate_limit_dry_run: bool = False  # log what the rate would refuse (access log limit=...), refuse nothing
 
     @property
     def conf_path(self) -> Path:
@@ -226,7 +227,9 @@ def _rate_limit_values(cfg: NginxConfig) -> dict[str, object]:
     else:
         real_ip = ["    # (no trusted proxies: a client is the address of its connection)"]
     return {
-        "rate_limit_state": f"{text}, burst {cfg.client_burst}" if on else "off: every key is empty",
+        "rate_limit_state": (f"{text}, burst {cfg.client_burst}{', dry run' if cfg.rate_limit_dry_run else ''}"
+                             if on else "off: every key is empty"),
+        "rate_limit_dry_run": "on" if cfg.rate_limit_dry_run else "off",
         "rate_limit_default": 1 if on else 0,
         "rate_limit_exempt": "\n".join(exempt) or "        # (no exempt addresses)",
         "real_ip_lines": "\n".join(real_ip),
