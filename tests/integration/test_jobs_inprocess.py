@@ -79,10 +79,27 @@ def test_cli_submit_wait_writes_results(live: LiveServer, tmp_path: Path) -> Non
     rows = list(csv.DictReader(out.open(encoding="utf-8")))
     assert [r["upper"] for r in rows] == lines
     assert {r["status"] for r in rows} == {"done"} and {r["style"] for r in rows} == {"business"}
-    # without --wait: the job id, at once
+    # without --wait: the job id, at once; its results later, by id
     p = subprocess.run(cmd[:6] + ["--url", live.base_url], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    assert len(json.loads(p.stdout)["job_id"]) == 32
+    job_id = json.loads(p.stdout)["job_id"]
+    assert len(job_id) == 32
+    fetch = [sys.executable, "-m", "chunlian.cli", "jobs", "results", job_id, "--url", live.base_url]
+    now = subprocess.run(fetch, capture_output=True, text=True, timeout=120, cwd=ROOT)  # as it stands
+    assert now.returncode in (0, 1), now.stderr  # 1 while it runs
+    rows_now = [json.loads(line) for line in now.stdout.splitlines()]
+    assert [r["index"] for r in rows_now] == list(range(25))
+    assert {r["status"] for r in rows_now} <= {"done", "pending"}
+    assert (now.returncode == 0) == all(r["status"] == "done" for r in rows_now)
+    later = tmp_path / "later.csv"
+    p = subprocess.run(fetch + ["--wait", "--poll-s", "0.2", "--out", str(later)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0 and "25 done, 0 failed" in p.stderr, p.stderr
+    rows = list(csv.DictReader(later.open(encoding="utf-8")))
+    assert [r["upper"] for r in rows] == lines and {r["status"] for r in rows} == {"done"}
+    p = subprocess.run(fetch[:5] + ["0" * 32, "--url", live.base_url], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert p.returncode == 1 and "no job" in p.stderr and p.stdout == ""
     # a bad line: exit 2, naming the line
     bad = tmp_path / "bad.txt"
     bad.write_text("春回大地千山秀\nhello\n", encoding="utf-8")

@@ -1,10 +1,12 @@
-"""``chunlian jobs submit|status|cancel`` (an HTTP client) and ``chunlian worker``.
+"""``chunlian jobs submit|status|results|cancel`` (an HTTP client) and ``chunlian worker``.
 
 ``chunlian jobs submit FILE`` reads one 上联 per line, or a TSV whose header names its
 columns (``upper``, or ``heads``/``keyword`` with ``length``; ``style``, ``n``, ``seed``
 optional), submits one job and prints its id; with ``--wait`` it shows a progress bar
 until the job finishes and writes every result, in input order, as JSONL (or CSV when
-``--out`` ends in ``.csv``; stdout when there is no ``--out``).
+``--out`` ends in ``.csv``; stdout when there is no ``--out``). ``chunlian jobs results
+JOB_ID`` writes the same for a job submitted earlier: as it stands (items not run yet say
+``pending``), or after waiting for it with ``--wait``.
 """
 
 from __future__ import annotations
@@ -144,16 +146,37 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(json.dumps({"job_id": job_id, "total": len(items)}))
             return 0
         print(f"job {job_id}: {len(items)} items", file=sys.stderr)
-        try:
+        return _collect(client, job_id, args, wait=True)
+
+
+def _collect(client: Any, job_id: str, args: argparse.Namespace, wait: bool) -> int:
+    """Write the job's results (``--out``, else stdout) after waiting for it (``wait``) or
+    as they stand (items not run yet are ``"status": "pending"``); a summary on stderr.
+    Exit status 0 when the job is done, 1 otherwise (failed, cancelled, still running)."""
+    try:
+        if wait:
             body = wait_for(client, job_id, args.poll_s, progress=not args.quiet)
-            results = fetch_results(client, job_id, body["progress"]["total"])
-        except RuntimeError as e:
-            return _fail(str(e))
+        else:
+            r = client.get(f"/v1/jobs/{job_id}", params={"limit": 0})
+            if r.status_code != 200:
+                raise RuntimeError(_error_text(r))
+            body = r.json()
+        results = fetch_results(client, job_id, body["progress"]["total"])
+    except RuntimeError as e:
+        return _fail(str(e))
     write_results(results, Path(args.out) if args.out else None)
     p = body["progress"]
+    pending = p["total"] - p["done"] - p["failed"] - p["cancelled"]
     print(f"job {job_id}: {body['status']}: {p['done']} done, {p['failed']} failed, "
-          f"{p['cancelled']} cancelled" + (f"; results in {args.out}" if args.out else ""), file=sys.stderr)
+          f"{p['cancelled']} cancelled" + (f", {pending} pending" if pending > 0 else "")
+          + (f"; results in {args.out}" if args.out else ""), file=sys.stderr)
     return 0 if body["status"] == "done" else 1
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    """A job's results by its id: for a job submitted without ``--wait``."""
+    with _client(args) as client:
+        return _collect(client, args.job_id, args, wait=args.wait)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -212,7 +235,7 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    jobs = sub.add_parser("jobs", help="bulk jobs: submit a file, poll, cancel")
+    jobs = sub.add_parser("jobs", help="bulk jobs: submit a file, poll, fetch results, cancel")
     jsub = jobs.add_subparsers(dest="jobs_command", required=True)
     s = jsub.add_parser("submit", help="submit a file of upper lines (or a TSV) as one job")
     s.add_argument("file")
@@ -229,6 +252,14 @@ def register(sub: Any) -> None:
     st.add_argument("job_id")
     _client_flags(st)
     st.set_defaults(fn=cmd_status)
+    res = jsub.add_parser("results", help="write a job's results (.jsonl or .csv), waiting for it with --wait")
+    res.add_argument("job_id")
+    res.add_argument("--wait", action="store_true", help="wait with a progress bar until the job has finished")
+    res.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
+    res.add_argument("--poll-s", type=float, default=1.0)
+    res.add_argument("--quiet", action="store_true", help="no progress bar")
+    _client_flags(res)
+    res.set_defaults(fn=cmd_results)
     c = jsub.add_parser("cancel", help="cancel what has not run of a job")
     c.add_argument("job_id")
     _client_flags(c)
