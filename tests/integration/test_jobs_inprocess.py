@@ -108,6 +108,36 @@ def test_cli_submit_wait_writes_results(live: LiveServer, tmp_path: Path) -> Non
     assert p.returncode == 2 and "item 2" in p.stderr and "upper" in p.stderr
 
 
+def test_cli_splits_a_long_file_into_jobs_and_collects_them_as_one(live: LiveServer, tmp_path: Path) -> None:
+    src = tmp_path / "uppers.txt"
+    lines = uppers(25)
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    submit = [sys.executable, "-m", "chunlian.cli", "jobs", "submit", str(src), "--items-per-job", "10",
+              "--url", live.base_url]
+    p = subprocess.run(submit, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    jobs = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [j["total"] for j in jobs] == [10, 10, 5]
+    out = tmp_path / "all.jsonl"
+    p = subprocess.run([sys.executable, "-m", "chunlian.cli", "jobs", "results", *(j["job_id"] for j in jobs),
+                        "--wait", "--poll-s", "0.2", "--quiet", "--out", str(out), "--url", live.base_url],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0 and "3 jobs: done: 25 done, 0 failed" in p.stderr, p.stderr
+    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["index"] for r in rows] == list(range(25)) and [r["upper"] for r in rows] == lines
+    # --wait on submit: the same, in one go
+    p = subprocess.run(submit + ["--wait", "--quiet", "--poll-s", "0.2"], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode == 0 and "3 jobs: done: 25 done" in p.stderr, p.stderr
+    assert [json.loads(line)["upper"] for line in p.stdout.splitlines()] == lines
+    # a bad line in the third job: nothing is left queued, and the line is named in the whole file
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(lines[:22] + ["hello"] + lines[22:]) + "\n", encoding="utf-8")
+    p = subprocess.run([*submit[:5], str(bad), *submit[6:]], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2 and p.stdout == "", p.stdout
+    assert "(item 23)" in p.stderr and "cancelled the 2 job(s) already submitted" in p.stderr, p.stderr
+
+
 def test_cli_quality_job_answers_what_the_offline_quality_mode_does(live: LiveServer, tmp_path: Path) -> None:
     from chunlian.offline import OfflineGenerator, couplet_request
 

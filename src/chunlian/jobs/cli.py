@@ -4,9 +4,10 @@
 columns (``upper``, or ``heads``/``keyword`` with ``length``; ``style``, ``n``, ``seed``
 optional), submits one job and prints its id; with ``--wait`` it shows a progress bar
 until the job finishes and writes every result, in input order, as JSONL (or CSV when
-``--out`` ends in ``.csv``; stdout when there is no ``--out``). ``chunlian jobs results
+``--out`` ends in ``.csv``; stdout when there is no ``--out``). A file longer than a job's
+limit (``MAX_JOB_ITEMS``) becomes several jobs, all or none, collected into one file. ``chunlian jobs results
 JOB_ID`` writes the same for a job submitted earlier: as it stands (items not run yet say
-``pending``), or after waiting for it with ``--wait``.
+``pending``), or after waiting for it with ``--wait``; several ids give one file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from chunlian.jobs.items import MAX_JOB_ITEMS
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CSV_FIELDS = ("index", "status", "upper", "lower", "hengpi", "style", "model", "error_code", "error")
@@ -137,46 +140,65 @@ def cmd_submit(args: argparse.Namespace) -> int:
     items = read_items(path, args.style)
     if not items:
         return _fail(f"{path} holds no items", 2)
+    per_job = args.items_per_job
     with _client(args) as client:
-        r = client.post("/v1/jobs", json={"items": items, "quality": args.quality})
-        if r.status_code != 202:
-            return _fail(_error_text(r), 2 if r.status_code == 422 else 1)
-        job_id = r.json()["job_id"]
+        submitted: list[tuple[str, int]] = []  # (job id, items) in file order
+        for start in range(0, len(items), per_job):
+            part = items[start:start + per_job]
+            r = client.post("/v1/jobs", json={"items": part, "quality": args.quality})
+            if r.status_code != 202:
+                for job_id, _ in submitted:  # all or nothing: a file is one piece of work
+                    client.delete(f"/v1/jobs/{job_id}")
+                undone = f" (cancelled the {len(submitted)} job(s) already submitted)" if submitted else ""
+                return _fail(_error_text(r, first_line=start + 1) + undone, 2 if r.status_code == 422 else 1)
+            submitted.append((r.json()["job_id"], len(part)))
         if not args.wait:
-            print(json.dumps({"job_id": job_id, "total": len(items)}))
+            for job_id, total in submitted:  # one line a job, in file order
+                print(json.dumps({"job_id": job_id, "total": total}))
             return 0
-        print(f"job {job_id}: {len(items)} items", file=sys.stderr)
-        return _collect(client, job_id, args, wait=True)
+        for job_id, total in submitted:
+            print(f"job {job_id}: {total} items", file=sys.stderr)
+        return _collect(client, [job_id for job_id, _ in submitted], args, wait=True)
 
 
-def _collect(client: Any, job_id: str, args: argparse.Namespace, wait: bool) -> int:
-    """Write the job's results (``--out``, else stdout) after waiting for it (``wait``) or
-    as they stand (items not run yet are ``"status": "pending"``); a summary on stderr.
-    Exit status 0 when the job is done, 1 otherwise (failed, cancelled, still running)."""
+def _collect(client: Any, job_ids: list[str], args: argparse.Namespace, wait: bool) -> int:
+    """Write the jobs' results, one file in job order with ``index`` counted across them
+    (``--out``, else stdout), after waiting for each (``wait``) or as they stand (items not
+    run yet are ``"status": "pending"``); a summary on stderr. Exit status 0 when every job
+    is done, 1 otherwise (failed, cancelled, still running)."""
+    results: list[dict[str, Any]] = []
+    bodies: list[dict[str, Any]] = []
     try:
-        if wait:
-            body = wait_for(client, job_id, args.poll_s, progress=not args.quiet)
-        else:
-            r = client.get(f"/v1/jobs/{job_id}", params={"limit": 0})
-            if r.status_code != 200:
-                raise RuntimeError(_error_text(r))
-            body = r.json()
-        results = fetch_results(client, job_id, body["progress"]["total"])
+        for job_id in job_ids:
+            if wait:
+                body = wait_for(client, job_id, args.poll_s, progress=not args.quiet)
+            else:
+                r = client.get(f"/v1/jobs/{job_id}", params={"limit": 0})
+                if r.status_code != 200:
+                    raise RuntimeError(_error_text(r))
+                body = r.json()
+            base = len(results)
+            results += [{**x, "index": x["index"] + base}
+                        for x in fetch_results(client, job_id, body["progress"]["total"])]
+            bodies.append(body)
     except RuntimeError as e:
         return _fail(str(e))
     write_results(results, Path(args.out) if args.out else None)
-    p = body["progress"]
-    pending = p["total"] - p["done"] - p["failed"] - p["cancelled"]
-    print(f"job {job_id}: {body['status']}: {p['done']} done, {p['failed']} failed, "
-          f"{p['cancelled']} cancelled" + (f", {pending} pending" if pending > 0 else "")
+    count = {k: sum(b["progress"][k] for b in bodies) for k in ("total", "done", "failed", "cancelled")}
+    pending = count["total"] - count["done"] - count["failed"] - count["cancelled"]
+    states = sorted({b["status"] for b in bodies})
+    what = f"job {job_ids[0]}" if len(job_ids) == 1 else f"{len(job_ids)} jobs"
+    print(f"{what}: {'/'.join(states)}: {count['done']} done, {count['failed']} failed, "
+          f"{count['cancelled']} cancelled" + (f", {pending} pending" if pending > 0 else "")
           + (f"; results in {args.out}" if args.out else ""), file=sys.stderr)
-    return 0 if body["status"] == "done" else 1
+    return 0 if states == ["done"] else 1
 
 
 def cmd_results(args: argparse.Namespace) -> int:
-    """A job's results by its id: for a job submitted without ``--wait``."""
+    """Jobs' results by id (for jobs submitted without ``--wait``; several ids, as ``submit``
+    printed them for a file split into jobs, give one file)."""
     with _client(args) as client:
-        return _collect(client, args.job_id, args, wait=args.wait)
+        return _collect(client, list(args.job_id), args, wait=args.wait)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -227,6 +249,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _per_job(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of items, got {text!r}") from None
+    if not 1 <= n <= MAX_JOB_ITEMS:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_JOB_ITEMS} (a job's limit), got {n}")
+    return n
+
+
 def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=os.environ.get("CHUNLIAN_URL", DEFAULT_URL),
                    help=f"the service (default: $CHUNLIAN_URL or {DEFAULT_URL})")
@@ -246,6 +278,9 @@ def register(sub: Any) -> None:
     s.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
     s.add_argument("--poll-s", type=float, default=1.0)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--items-per-job", type=_per_job, default=MAX_JOB_ITEMS, metavar="N",
+                   help=f"a longer file is submitted as several jobs of N items (default and most {MAX_JOB_ITEMS}, "
+                        "a job's limit); without --wait one line is printed a job")
     _client_flags(s)
     s.set_defaults(fn=cmd_submit)
     st = jsub.add_parser("status", help="a job's status and progress")
@@ -253,7 +288,7 @@ def register(sub: Any) -> None:
     _client_flags(st)
     st.set_defaults(fn=cmd_status)
     res = jsub.add_parser("results", help="write a job's results (.jsonl or .csv), waiting for it with --wait")
-    res.add_argument("job_id")
+    res.add_argument("job_id", nargs="+", help="one or more job ids (several: one file, in this order)")
     res.add_argument("--wait", action="store_true", help="wait with a progress bar until the job has finished")
     res.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
     res.add_argument("--poll-s", type=float, default=1.0)
