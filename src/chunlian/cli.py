@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -234,7 +235,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
 
     items = read_warmup_file(Path(args.file)) if args.file else list(DEFAULT_WARMUP)
     t0 = time.perf_counter()
-    report = asyncio.run(warmup_remote(args.url, items))
+    key = args.api_key or os.environ.get("CHUNLIAN_API_KEY") or None
+    report = asyncio.run(warmup_remote(args.url, items, api_key=key))
     _dump({"items": len(items), "seconds": round(time.perf_counter() - t0, 2), **report.as_dict()})
     return 1 if getattr(report, "failed", 0) else 0
 
@@ -364,6 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("warmup", help="warm a running service or cluster")
     w.add_argument("--url", required=True)
     w.add_argument("--file")
+    w.add_argument("--api-key", default=None,
+                   help="X-API-Key, needed when the service has CHUNLIAN_API_KEYS (default: $CHUNLIAN_API_KEY)")
     w.set_defaults(fn=cmd_warmup)
 
     for mod in PLUGINS:

@@ -195,9 +195,18 @@ async def test_api_keys() -> None:
         r = await h.client.post("/v1/jobs", json={"items": "x"}, headers={"X-API-Key": "k2"})
         assert_error(r, 422, "invalid_input", "items")  # authorised: now the body is checked
         assert (await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})).status_code == 200
+        assert (await h.client.post("/v1/couplets/compose", json={"heads": "李明"})).status_code == 200
+        # the batch endpoint is bulk work too (256 couplets a call): it takes the key
+        batch = {"items": [{"upper": "春回大地千山秀"}]}
+        assert_error(await h.client.post("/v1/couplets/batch", json=batch), 401, "unauthorized")
+        assert_error(await h.client.post("/v1/couplets/batch", json=batch, headers={"X-API-Key": "nope"}),
+                     401, "unauthorized")
+        r = await h.client.post("/v1/couplets/batch", json=batch, headers={"X-API-Key": "k1"})
+        assert r.status_code == 200 and r.json()["results"][0]["upper"] == "春回大地千山秀"
     async with running_app() as h:  # no keys configured: open
         r = await h.client.post("/v1/jobs", json={"items": [{"upper": "春回大地千山秀"}]})
         assert r.status_code == 202
+        assert (await h.client.post("/v1/couplets/batch", json={"items": [{"upper": "春回大地千山秀"}]})).status_code == 200
 
 
 def test_jobs_are_split_into_chunks_in_order() -> None:

@@ -11,19 +11,18 @@
 * ``DELETE /v1/jobs/{id}`` → cancels every item that has not run; the job's state.
 
 When ``CHUNLIAN_API_KEYS`` is set, every job endpoint needs one of them in ``X-API-Key``
-(401 otherwise). Errors have the service's one shape.
+(401 otherwise; ``api.auth``). Errors have the service's one shape.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from chunlian.api.auth import require_api_key
 from chunlian.api.errors import json_bytes
 from chunlian.api.schemas import ErrorOut
 from chunlian.errors import InvalidInput
@@ -32,16 +31,6 @@ from chunlian.jobs.items import MAX_JOB_ITEMS, validate_items
 from chunlian.jobs.store import MAX_RESULTS_PAGE, JobState
 
 DEFAULT_PAGE = 100
-
-
-def require_api_key(request: Request) -> None:
-    """401 unless ``X-API-Key`` is one of ``settings.api_key_set`` (when any is set)."""
-    keys = request.app.state.runtime.settings.api_key_set
-    if not keys:
-        return
-    given = request.headers.get("x-api-key", "")
-    if not any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
-        raise HTTPException(401, "a valid X-API-Key header is required", {"WWW-Authenticate": "ApiKey"})
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {

@@ -14,12 +14,13 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.responses import FileResponse, Response
 from starlette.types import Receive
 
+from chunlian.api.auth import require_api_key
 from chunlian.api.errors import (
     ClientGone,
     NotReady,
@@ -55,6 +56,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorOut, "description": "Not ready yet, or shutting down."},
     504: {"model": ErrorOut, "description": "The request's deadline passed."},
 }
+_KEY_NEEDED = "API keys are configured and X-API-Key is missing or wrong."
 
 router = APIRouter()
 
@@ -172,9 +174,12 @@ async def _batch_item(svc: CoupletService, item: object) -> dict[str, Any]:
     return couplet_json(answer, svc.model_tag, parsed.n)
 
 
-@router.post("/v1/couplets/batch", response_model=BatchOut, responses=_ERRORS, tags=["couplets"])
+@router.post("/v1/couplets/batch", response_model=BatchOut, tags=["couplets"],
+             responses={**_ERRORS, 401: {"model": ErrorOut, "description": _KEY_NEEDED}},
+             dependencies=[Depends(require_api_key)])
 async def batch_couplets(body: BatchIn, request: Request) -> Response:
-    """Answer up to 256 requests at once; a bad item gets an error, the rest are answered."""
+    """Answer up to 256 requests at once; a bad item gets an error, the rest are answered.
+    Needs ``X-API-Key`` when ``CHUNLIAN_API_KEYS`` is set (bulk work: ``api.auth``)."""
     svc = _service(request)
     work = asyncio.gather(*(_batch_item(svc, item) for item in body.items))
     results = await unless_disconnected(request, work)

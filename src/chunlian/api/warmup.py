@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from chunlian.api.auth import API_KEY_HEADER
 from chunlian.api.schemas import MAX_BATCH_ITEMS, ComposeIn, CoupletIn
 from chunlian.api.service import CoupletService
 from chunlian.errors import ChunlianError, InvalidInput
@@ -111,18 +112,21 @@ async def warmup_remote(
     *,
     timeout_s: float = 120.0,
     client: httpx.AsyncClient | None = None,
+    api_key: str | None = None,
 ) -> WarmupReport:
-    """Warm the service at ``url`` (its base URL) with ``items`` via ``/v1/couplets/batch``."""
+    """Warm the service at ``url`` (its base URL) with ``items`` via ``/v1/couplets/batch``
+    (which needs ``api_key`` when the service has keys configured)."""
     bodies = warmup_bodies(items)
     report = WarmupReport(requested=len(bodies))
     endpoint = url.rstrip("/") + "/v1/couplets/batch"
     own = client is None
     http = client or httpx.AsyncClient(timeout=timeout_s)
+    headers = {API_KEY_HEADER: api_key} if api_key else {}
     try:
         for i in range(0, len(bodies), MAX_BATCH_ITEMS):
             chunk = bodies[i : i + MAX_BATCH_ITEMS]
             try:
-                resp = await http.post(endpoint, json={"items": chunk})
+                resp = await http.post(endpoint, json={"items": chunk}, headers=headers)
             except httpx.HTTPError as e:
                 report.failed += len(chunk)
                 report.errors.append(f"{type(e).__name__}: {e}")

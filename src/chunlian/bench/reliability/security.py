@@ -32,7 +32,7 @@ SECURITY_LINES = ("瑞雪兆丰年喜气盈门", "金鸡报晓千家乐", "玉�
 
 async def security(svc: ServiceProcess, *, api_keys: Sequence[str], redis_db: int | None,
                    body_limit: int = 1_000_000) -> Outcome:
-    """Size limits, hashed cache keys, API keys on the job endpoints, no internals in
+    """Size limits, hashed cache keys, API keys on the bulk endpoints (jobs, batch), no internals in
     errors, request ids (and never keys) in the logs. ``svc`` must log at INFO."""
     out = Outcome("7. security basics", "limits, cache keys, API keys, error bodies, logs")
     t0 = time.monotonic()
@@ -118,6 +118,10 @@ async def security(svc: ServiceProcess, *, api_keys: Sequence[str], redis_db: in
                 expect(g, 200, None, "job status with another configured key")
             expect(await c.post("/v1/couplets", json={"upper": SECURITY_LINES[1]}), 200, None,
                    "couplets need no key")
+            batch = {"items": [{"upper": SECURITY_LINES[2]}]}  # bulk work: a key, as for jobs
+            expect(await c.post("/v1/couplets/batch", json=batch), 401, "unauthorized", "batch without a key")
+            expect(await c.post("/v1/couplets/batch", json=batch, headers={"X-API-Key": key}), 200, None,
+                   "batch with the key")
         elif not key:
             out.note("no API keys configured: job endpoints open")
         else:
