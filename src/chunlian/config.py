@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, get_args
@@ -27,6 +28,24 @@ DEFAULT_WARMUP = (
     "新春", "平安", "发财", "福", "吉祥", "如意",
     "春回大地千山秀", "一帆风顺年年好", "天增岁月人增寿", "爆竹声声辞旧岁", "生意兴隆通四海",
 )
+
+
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
+
+
+
+def parse_origins(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``CHUNLIAN_CORS_ORIGINS``: comma-separated ``scheme://host[:port]`` origins, or ``*``
+    (``ValueError`` saying what was expected otherwise)."""
+    items = value.split(",") if isinstance(value, str) else value
+    origins = tuple(s for s in (str(x).strip() for x in items) if s)
+    for o in origins:
+        if o != "*" and not _ORIGIN.fullmatch(o):
+            raise ValueError(f"expected origins like https://example.com or http://localhost:8080 "
+                             f"(scheme and host, no path), or *; got {o!r}")
+    if "*" in origins and len(origins) > 1:
+        raise ValueError(f"expected either * or a list of origins, got both: {','.join(origins)}")
+    return origins
 
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -120,7 +139,10 @@ class Settings(BaseSettings):
     job_chunk_size: int = Field(50, ge=1, le=10_000)  # items per Celery task
     job_queue: str = Field("chunlian.jobs", min_length=1, max_length=200)  # Celery queue name
     job_visibility_timeout_s: float | None = Field(None, gt=0)  # None: derived from the hard limit
-    api_keys: str = ""  # comma-separated; empty: job endpoints are open
+    api_keys: str = ""  # comma-separated; empty: the bulk endpoints (jobs, batch) are open
+    # browser origins allowed to call the API from another site (a campaign page on a CDN):
+    # comma-separated "https://host[:port]", or "*"; empty: same origin only (no CORS headers)
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
 
     body_limit_bytes: int = Field(1_000_000, ge=1024)
     log_level: LogLevel = "INFO"
@@ -153,6 +175,11 @@ class Settings(BaseSettings):
         if isinstance(v, str):
             return tuple(s.strip() for s in v.split(",") if s.strip())
         return v
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, v: object) -> object:
+        return parse_origins(v) if isinstance(v, (str, list, tuple)) else v
 
     @field_validator("zodiac_year")
     @classmethod

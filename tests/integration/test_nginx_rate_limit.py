@@ -134,6 +134,19 @@ def test_a_dry_run_refuses_nothing_and_logs_what_it_would_refuse(front: Front) -
     assert states.count("REJECTED_DRY_RUN") >= 1 and set(states) <= {"PASSED", "REJECTED_DRY_RUN"}
 
 
+@pytest.mark.parametrize("front", [{**LIMITED, "cors_origins": ("https://fu.example.com",)}], indirect=True)
+def test_a_cross_origin_page_can_read_the_refusal(front: Front) -> None:
+    """nginx's own 429 carries the CORS headers for an allowed page (CHUNLIAN_CORS_ORIGINS),
+    so the page can show its 'retry in N s' message; another site's gets none."""
+    with httpx.Client(base_url=front.url, timeout=30) as c:
+        responses, _ = _burst(c, 12, Origin="https://fu.example.com")
+        refused = [r for r in responses if r.status_code == 429]
+        assert refused and refused[0].headers["Access-Control-Allow-Origin"] == "https://fu.example.com"
+        assert "Retry-After" in refused[0].headers["Access-Control-Expose-Headers"]
+        other = c.post("/v1/couplets", json={"upper": UPPER}, headers={"Origin": "https://evil.example"})
+        assert other.status_code == 429 and "Access-Control-Allow-Origin" not in other.headers
+
+
 @pytest.mark.parametrize("front", [{**LIMITED, "rate_limit_exempt": ("127.0.0.0/8",)}], indirect=True)
 def test_an_exempt_address_is_never_limited(front: Front) -> None:
     with httpx.Client(base_url=front.url, timeout=30) as c:

@@ -114,3 +114,15 @@ def test_the_cluster_exempts_its_own_workers_from_the_client_rate(
     options = Cluster(spec, say=said.append)._nginx_options(with_workers=True)
     assert options["rate_limit_exempt"] == exempt and options["client_rate_per_s"] == rate
     assert bool(said) == (len(exempt) == 2)
+
+
+def test_nginx_refusals_are_readable_by_the_allowed_pages(tmp_path: Path) -> None:
+    off = render(_cfg(tmp_path))
+    assert 'default "";' in _block(off, "map $http_origin $chunlian_cors_origin") and '$http_origin;' not in off
+    conf = render(_cfg(tmp_path, cors_origins=("https://fu.example.com",)))
+    assert '"https://fu.example.com" $http_origin;' in _block(conf, "map $http_origin $chunlian_cors_origin")
+    for loc in ("location @rate_limited", "location @too_large", "location @unavailable"):
+        assert "add_header Access-Control-Allow-Origin $chunlian_cors_origin always;" in _block(conf, loc)
+    assert 'default "*";' in render(_cfg(tmp_path, cors_origins=("*",)))
+    with pytest.raises(ConfigError, match="cors origins"):
+        render(_cfg(tmp_path, cors_origins=("https://a.example/path",)))

@@ -26,7 +26,7 @@ def _ports(text: str) -> list[int]:
 
 
 def _print_config(args: argparse.Namespace) -> int:
-    from chunlian.cluster.nginx import NginxConfig, render
+    from chunlian.cluster.nginx import NginxConfig, env_origins, render
     from chunlian.errors import ConfigError
 
     if not args.upstream:
@@ -37,6 +37,7 @@ def _print_config(args: argparse.Namespace) -> int:
         listen=f"{args.host}:{args.port}" if args.host else str(args.port),
         deadline_s=args.deadline_s or 30.0,
         body_limit_bytes=int(os.environ.get("CHUNLIAN_BODY_LIMIT_BYTES") or 1_000_000),
+        cors_origins=env_origins(os.environ),
         worker_processes=args.nginx_workers,
         **_rate_limit(args),
     )

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from chunlian.config import parse_origins
 from chunlian.errors import ChunlianError, ConfigError
 
 TEMPLATE_NAME = "nginx.conf.template"
@@ -79,6 +80,7 @@ class NginxConfig:
     trusted_proxies: tuple[str, ...] = ()  # CIDRs whose X-Forwarded-For names the client
     rate_limit_zone_mb: int = 10  # shared state: about 16,000 client addresses a megabyte
     rate_limit_dry_run: bool = False  # log what the rate would refuse (access log limit=...), refuse nothing
+    cors_origins: tuple[str, ...] = ()  # = CHUNLIAN_CORS_ORIGINS: nginx's own refusals readable by those pages
 
     @property
     def conf_path(self) -> Path:
@@ -106,6 +108,10 @@ class NginxConfig:
         if not re.fullmatch(r"auto|[1-9][0-9]*", str(self.worker_processes)):
             raise ConfigError(f"worker_processes must be 'auto' or a positive number, got {self.worker_processes!r}")
         self._validate_rate_limit()
+        try:
+            parse_origins(self.cors_origins)
+        except ValueError as e:
+            raise ConfigError(f"cors origins: {e}") from None
 
     def _validate_rate_limit(self) -> None:
         rate = self.client_rate_per_s
@@ -210,8 +216,23 @@ def render(cfg: NginxConfig) -> str:
         "next_upstream_tries": min(len(cfg.upstreams), 4),
         "next_upstream_timeout_s": _secs(cfg.read_timeout_s + cfg.connect_timeout_s),
         **_rate_limit_values(cfg),
+        "cors_origin_entries": _cors_entries(cfg.cors_origins),
     }
     return fill(template_text(), values)
+
+
+def env_origins(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``CHUNLIAN_CORS_ORIGINS`` from ``env`` (what the instances will allow), validated."""
+    try:
+        return parse_origins(env.get("CHUNLIAN_CORS_ORIGINS", ""))
+    except ValueError as e:
+        raise ConfigError(f"CHUNLIAN_CORS_ORIGINS: {e}") from None
+
+
+def _cors_entries(origins: tuple[str, ...]) -> str:
+    if origins == ("*",):
+        return '        default "*";'
+    return "\n".join(['        default "";', *(f'        "{o}" $http_origin;' for o in origins)])
 
 
 def _rate_limit_values(cfg: NginxConfig) -> dict[str, object]:
