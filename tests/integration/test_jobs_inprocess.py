@@ -100,6 +100,15 @@ def test_cli_submit_wait_writes_results(live: LiveServer, tmp_path: Path) -> Non
     p = subprocess.run(fetch[:5] + ["0" * 32, "--url", live.base_url], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
     assert p.returncode == 1 and "no job" in p.stderr and p.stdout == ""
+    # the newest jobs, newest first: this one heads the list
+    listing = [sys.executable, "-m", "chunlian.cli", "jobs", "list", "--limit", "2", "--url", live.base_url]
+    p = subprocess.run(listing, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    table = p.stdout.splitlines()
+    assert table[0].startswith("job id") and len(table) == 3
+    assert table[1].split()[:3] == [job_id, "done", "25"]
+    p = subprocess.run(listing + ["--json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert json.loads(p.stdout.splitlines()[0])["job_id"] == job_id
     # a bad line: exit 2, naming the line
     bad = tmp_path / "bad.txt"
     bad.write_text("春回大地千山秀\nhello\n", encoding="utf-8")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from chunlian.jobs.redis_store import RedisJobStore, job_keys
+from chunlian.jobs.redis_store import RECENT_KEY, RedisJobStore, job_keys
 from tests.unit.test_jobs_store import DONE, check_store_contract
 
 pytestmark = pytest.mark.integration
@@ -30,6 +30,9 @@ def store() -> Iterator[tuple[RedisJobStore, str]]:
     keys = list(s.r.scan_iter(f"chunlian:job:{{{prefix}*", count=1000))
     if keys:
         s.r.delete(*keys)
+    ours = [m for m in s.r.zrange(RECENT_KEY, 0, -1) if m.startswith(prefix)]
+    if ours:
+        s.r.zrem(RECENT_KEY, *ours)
     s.close()
 
 
@@ -44,6 +47,16 @@ def test_every_key_has_the_ttl(store: tuple[RedisJobStore, str]) -> None:
     s.record(f"{p}t", [(0, DONE)])
     for key in job_keys(f"{p}t"):
         assert 0 < s.r.ttl(key) <= 600
+
+
+def test_recent_forgets_expired_jobs(store: tuple[RedisJobStore, str]) -> None:
+    s, p = store
+    s.create(f"{p}old", 1)
+    s.create(f"{p}new", 1)
+    s.r.delete(job_keys(f"{p}old")[0])  # as its TTL would
+    assert [st.job_id for st in s.recent(2)] == [f"{p}new"]
+    assert s.r.zscore(RECENT_KEY, f"{p}old") is None and s.r.zscore(RECENT_KEY, f"{p}new") is not None
+    assert 0 < s.r.ttl(RECENT_KEY) <= 600
 
 
 def test_concurrent_writers_count_each_item_once(store: tuple[RedisJobStore, str]) -> None:

@@ -189,6 +189,27 @@ async def test_limits_and_bad_bodies() -> None:
         assert_error(await h.client.get("/v1/jobs/abc"), 404, "not_found", "job_id")
 
 
+async def test_the_newest_jobs_are_listed_without_results() -> None:
+    async with running_app() as h:
+        ids = []
+        for k in range(3):
+            r = await h.client.post("/v1/jobs", json={"items": [{"upper": u} for u in UPPERS[:k + 1]]})
+            ids.append(r.json()["job_id"])
+        for job_id in ids:
+            await wait_finished(h.client, job_id)
+        r = await h.client.get("/v1/jobs", params={"limit": 2})
+        assert r.status_code == 200
+        jobs = r.json()["jobs"]
+        assert [j["job_id"] for j in jobs] == ids[::-1][:2] and all("results" not in j for j in jobs)
+        assert [j["progress"]["total"] for j in jobs] == [3, 2] and {j["status"] for j in jobs} == {"done"}
+        assert [j["job_id"] for j in (await h.client.get("/v1/jobs")).json()["jobs"]] == ids[::-1]
+        for bad in ("0", "101", "x"):
+            assert_error(await h.client.get("/v1/jobs", params={"limit": bad}), 422, "invalid_input", "limit")
+    async with running_app(api_keys="k1") as h:
+        assert_error(await h.client.get("/v1/jobs"), 401, "unauthorized")
+        assert (await h.client.get("/v1/jobs", headers={"X-API-Key": "k1"})).json() == {"jobs": []}
+
+
 async def test_api_keys() -> None:
     async with running_app(api_keys=" k1 , k2 ") as h:
         assert_error(await h.client.post("/v1/jobs", json={"items": "x"}), 401, "unauthorized")

@@ -57,6 +57,11 @@ def check_store_contract(store: JobStore, p: str = "") -> None:
     store.create(j3, 1)
     store.record(j3, [(0, failed_entry("item_failed", "boom"))])
     assert store.state(j3).status == "failed"  # type: ignore[union-attr]
+    # the newest jobs first, with their states
+    newest = store.recent(3)
+    assert [s.job_id for s in newest] == [j3, j2, j1]
+    assert [s.status for s in newest] == ["failed", "done", "cancelled"]
+    assert [s.job_id for s in store.recent(1)] == [j3]
     # unknown jobs
     assert store.state(nope) is None and store.cancel(nope) is None
     assert store.record(nope, [(0, DONE)]) == 0 and store.results(nope, 0, 10) == []
@@ -76,6 +81,7 @@ def test_memory_store_expires_idle_jobs() -> None:
     assert store.state("a") is not None
     now[0] += 61
     assert store.state("a") is None and store.results("a", 0, 10) == []
+    assert store.recent(10) == []
 
 
 def test_record_rejects_entries_without_an_outcome() -> None:

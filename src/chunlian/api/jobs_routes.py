@@ -9,6 +9,7 @@
   (an entry per item index: done with its couplet, failed with its error, cancelled, or
   pending).
 * ``DELETE /v1/jobs/{id}`` → cancels every item that has not run; the job's state.
+* ``GET /v1/jobs?limit=20`` → the newest jobs still held, newest first (states, no results).
 
 When ``CHUNLIAN_API_KEYS`` is set, every job endpoint needs one of them in ``X-API-Key``
 (401 otherwise; ``api.auth``). Errors have the service's one shape.
@@ -31,6 +32,7 @@ from chunlian.jobs.items import MAX_JOB_ITEMS, validate_items
 from chunlian.jobs.store import MAX_RESULTS_PAGE, JobState
 
 DEFAULT_PAGE = 100
+DEFAULT_LIST, MAX_LIST = 20, 100
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -93,6 +95,12 @@ class JobOut(BaseModel):
     )
 
 
+class JobList(BaseModel):
+    """The newest jobs this service still holds (created within the results' TTL)."""
+
+    jobs: list[JobOut]
+
+
 def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(json_bytes(content), status_code=status, media_type="application/json", headers=headers)
 
@@ -128,6 +136,15 @@ async def submit_job(body: JobIn, request: Request) -> Response:
     job_id = await _jobs(request).submit(specs)
     return _json({"job_id": job_id, "status": "queued", "total": len(specs)}, 202,
                  {"Location": f"/v1/jobs/{job_id}"})
+
+
+@router.get("/v1/jobs", response_model=JobList, responses=_ERRORS)
+async def list_jobs(request: Request) -> Response:
+    """The newest ``limit`` jobs (default 20, at most 100), newest first: states and progress,
+    no results (``GET /v1/jobs/{job_id}`` pages those)."""
+    limit = _int_param(request, "limit", DEFAULT_LIST, 1, MAX_LIST)
+    states = await _jobs(request).recent(limit)
+    return _json({"jobs": [s.as_dict() for s in states]})
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobOut, responses={**_ERRORS, **_NOT_FOUND})

@@ -35,6 +35,7 @@ class JobsBackend(Protocol):
     async def state(self, job_id: str) -> JobState | None: ...
     async def results(self, job_id: str, offset: int, limit: int) -> list[dict[str, Any]]: ...
     async def cancel(self, job_id: str) -> JobState | None: ...
+    async def recent(self, limit: int) -> list[JobState]: ...
     async def close(self) -> None: ...
 
 
@@ -136,6 +137,9 @@ class CeleryJobs:
 
     async def cancel(self, job_id: str) -> JobState | None:
         return await self._call(self.store.cancel, job_id)
+
+    async def recent(self, limit: int) -> list[JobState]:
+        return await self._call(self.store.recent, limit)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.store.close)

@@ -1,4 +1,4 @@
-"""``chunlian jobs submit|status|results|cancel`` (an HTTP client) and ``chunlian worker``.
+"""``chunlian jobs submit|status|results|list|cancel`` (an HTTP client) and ``chunlian worker``.
 
 ``chunlian jobs submit FILE`` reads one 上联 per line, or a TSV whose header names its
 columns (``upper``, or ``heads``/``keyword`` with ``length``; ``style``, ``n``, ``seed``
@@ -212,6 +212,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_list(args: argparse.Namespace) -> int:
+    """The newest jobs: a table, or one JSON object a job with ``--json``."""
+    with _client(args) as client:
+        r = client.get("/v1/jobs", params={"limit": args.limit})
+    if r.status_code != 200:
+        return _fail(_error_text(r))
+    jobs = r.json()["jobs"]
+    if args.json:
+        for job in jobs:
+            print(json.dumps(job, ensure_ascii=False))
+        return 0
+    print(f"{'job id':<32}  {'status':<9}  {'done':>6}  {'failed':>6}  {'total':>6}  created (UTC)")
+    for job in jobs:
+        p = job["progress"]
+        created = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(job["created_at"]))
+        print(f"{job['job_id']:<32}  {job['status']:<9}  {p['done']:>6}  {p['failed']:>6}  {p['total']:>6}  {created}")
+    return 0
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
         r = client.delete(f"/v1/jobs/{args.job_id}")
@@ -295,6 +314,11 @@ def register(sub: Any) -> None:
     res.add_argument("--quiet", action="store_true", help="no progress bar")
     _client_flags(res)
     res.set_defaults(fn=cmd_results)
+    ls = jsub.add_parser("list", help="the newest jobs, newest first")
+    ls.add_argument("--limit", type=int, default=20, help="how many (1-100, default 20)")
+    ls.add_argument("--json", action="store_true", help="one JSON object a job instead of a table")
+    _client_flags(ls)
+    ls.set_defaults(fn=cmd_list)
     c = jsub.add_parser("cancel", help="cancel what has not run of a job")
     c.add_argument("job_id")
     _client_flags(c)

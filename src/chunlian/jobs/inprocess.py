@@ -87,6 +87,9 @@ class InProcessJobs:
     async def state(self, job_id: str) -> JobState | None:
         return self.store.state(job_id)
 
+    async def recent(self, limit: int) -> list[JobState]:
+        return self.store.recent(limit)
+
     async def results(self, job_id: str, offset: int, limit: int) -> list[dict[str, Any]]:
         return self.store.results(job_id, offset, limit)
 

@@ -6,6 +6,7 @@ Redis layout (``{id}`` is a hash tag, so a job's keys live in one cluster slot):
                                     started_at, finished_at, cancel_requested
     chunlian:job:{id}:results hash  item index -> result entry (JSON); HSETNX only
     chunlian:job:{id}:tries   hash  item index -> times the item was given to the model
+    chunlian:jobs:recent      zset  job id -> created at (``recent``; trimmed to the TTL)
 
 Writes go through Lua scripts (atomic: a result and its counter move together, so a
 worker killed between the two cannot leave them out of step). Every write refreshes the
@@ -81,6 +82,11 @@ return 0
 """
 
 
+# every job's id, scored by its creation time (``recent``): trimmed to the TTL and to a bound
+RECENT_KEY = "chunlian:jobs:recent"
+MAX_RECENT = 100_000
+
+
 def job_keys(job_id: str) -> tuple[str, str, str]:
     base = f"chunlian:job:{{{job_id}}}"
     return f"{base}:meta", f"{base}:results", f"{base}:tries"
@@ -95,6 +101,21 @@ def chunk_keys(job_id: str) -> tuple[str, str]:
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _state_of(job_id: str, m: Any) -> JobState | None:
+    """A job's state from its meta hash (None: no such job, or it expired)."""
+    if not m or "total" not in m:
+        return None
+
+    def f(name: str) -> float | None:
+        return float(m[name]) if name in m else None
+
+    return JobState(
+        job_id, int(m["total"]), int(m.get(DONE, 0)), int(m.get(FAILED, 0)),
+        int(m.get(CANCELLED, 0)), m.get("cancel_requested") == "1",
+        f("created_at") or 0.0, f("started_at"), f("finished_at"),
+    )
 
 
 class RedisJobStore:
@@ -117,10 +138,32 @@ class RedisJobStore:
         meta, results, tries = job_keys(job_id)
         pipe = self.r.pipeline(transaction=True)
         pipe.delete(meta, results, tries)
+        now = time.time()
         pipe.hset(meta, mapping={"total": total, DONE: 0, FAILED: 0, CANCELLED: 0,
-                                 "created_at": repr(time.time())})
+                                 "created_at": repr(now)})
         pipe.expire(meta, self.ttl_s)
+        pipe.zadd(RECENT_KEY, {job_id: now})
+        pipe.zremrangebyscore(RECENT_KEY, "-inf", now - self.ttl_s)
+        pipe.zremrangebyrank(RECENT_KEY, 0, -MAX_RECENT - 1)
+        pipe.expire(RECENT_KEY, self.ttl_s)
         pipe.execute()
+
+    def recent(self, limit: int) -> list[JobState]:
+        ids = [str(i) for i in self.r.zrevrange(RECENT_KEY, 0, max(0, limit - 1))]
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(job_keys(job_id)[0])
+        out: list[JobState] = []
+        gone: list[str] = []
+        for job_id, meta in zip(ids, pipe.execute(), strict=True):
+            st = _state_of(job_id, meta)
+            if st is None:  # expired after its last activity: forget it here too
+                gone.append(job_id)
+            else:
+                out.append(st)
+        if gone:
+            self.r.zrem(RECENT_KEY, *gone)
+        return out
 
     def record(self, job_id: str, results: Sequence[tuple[int, Entry]]) -> int:
         if not results:
@@ -162,18 +205,7 @@ class RedisJobStore:
         return self.state(job_id)
 
     def state(self, job_id: str) -> JobState | None:
-        m = self.r.hgetall(job_keys(job_id)[0])
-        if not m or "total" not in m:
-            return None
-
-        def f(name: str) -> float | None:
-            return float(m[name]) if name in m else None
-
-        return JobState(
-            job_id, int(m["total"]), int(m.get(DONE, 0)), int(m.get(FAILED, 0)),
-            int(m.get(CANCELLED, 0)), m.get("cancel_requested") == "1",
-            f("created_at") or 0.0, f("started_at"), f("finished_at"),
-        )
+        return _state_of(job_id, self.r.hgetall(job_keys(job_id)[0]))
 
     def total(self, job_id: str) -> int | None:
         v = self.r.hget(job_keys(job_id)[0], "total")

@@ -106,6 +106,10 @@ class JobStore(Protocol):
         items without a result)."""
         ...
 
+    def recent(self, limit: int) -> list[JobState]:
+        """The ``limit`` newest jobs still held (created within the TTL), newest first."""
+        ...
+
     def close(self) -> None:
         ...
 
@@ -240,6 +244,13 @@ class MemoryJobStore:
             job_id, job.total, job.counts[DONE], job.counts[FAILED], job.counts[CANCELLED],
             job.cancel_requested, job.created_at, job.started_at, job.finished_at,
         )
+
+    def recent(self, limit: int) -> list[JobState]:
+        with self._lock:
+            self._purge()
+            # creation order breaks ties of the clock (the dict keeps insertion order)
+            order = sorted(enumerate(self._jobs.items()), key=lambda x: (x[1][1].created_at, x[0]), reverse=True)
+            return [self._state(job_id, job) for _, (job_id, job) in order[:limit]]
 
     def results(self, job_id: str, offset: int, limit: int) -> list[Entry]:
         with self._lock:
