@@ -139,6 +139,7 @@ class Settings(BaseSettings):
     job_chunk_size: int = Field(50, ge=1, le=10_000)  # items per Celery task
     job_queue: str = Field("chunlian.jobs", min_length=1, max_length=200)  # Celery queue name
     job_visibility_timeout_s: float | None = Field(None, gt=0)  # None: derived from the hard limit
+    jobs_metrics_every_s: float = Field(15.0, ge=0.05, le=3600)  # how often /metrics' job gauges read the store
     api_keys: str = ""  # comma-separated; empty: the bulk endpoints (jobs, batch) are open
     # browser origins allowed to call the API from another site (a campaign page on a CDN):
     # comma-separated "https://host[:port]", or "*"; empty: same origin only (no CORS headers)

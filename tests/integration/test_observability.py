@@ -210,6 +210,39 @@ tests:
       - eval_time: 5m
         alertname: ChunlianNotReady
         exp_alerts: []
+  # bulk jobs: a backlog with nothing finishing for 30 min fires; the same backlog draining does not
+  - interval: 1m
+    input_series:
+      - series: 'chunlian_job_items_pending{{instance="a", job="chunlian"}}'
+        values: '50x45'
+      - series: 'chunlian_job_items_pending{{instance="b", job="chunlian"}}'
+        values: '50x45'
+      - series: 'chunlian_job_items_finished{{instance="a", job="chunlian"}}'
+        values: '100x45'
+      - series: 'chunlian_job_items_finished{{instance="b", job="chunlian"}}'
+        values: '100x45'
+      - series: 'chunlian_jobs_monitor_ok{{instance="a", job="chunlian"}}'
+        values: '1x45'
+    alert_rule_test:
+      - eval_time: 20m
+        alertname: ChunlianJobBacklogStuck
+        exp_alerts: []
+      - eval_time: 40m
+        alertname: ChunlianJobBacklogStuck
+        exp_alerts:
+          - exp_labels: {{severity: warning}}
+  - interval: 1m
+    input_series:
+      - series: 'chunlian_job_items_pending{{instance="a", job="chunlian"}}'
+        values: '500-5x45'
+      - series: 'chunlian_job_items_finished{{instance="a", job="chunlian"}}'
+        values: '0+5x45'
+      - series: 'chunlian_jobs_monitor_ok{{instance="a", job="chunlian"}}'
+        values: '1x45'
+    alert_rule_test:
+      - eval_time: 40m
+        alertname: ChunlianJobBacklogStuck
+        exp_alerts: []
 """
 
 

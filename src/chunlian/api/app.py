@@ -9,6 +9,8 @@ answers at once, ``/readyz`` and the generation endpoints answer 503 until warm-
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,6 +32,7 @@ from chunlian.api.runtime import Runtime
 from chunlian.api.service import EngineLike
 from chunlian.config import Settings
 from chunlian.jobs.backend import build_jobs
+from chunlian.jobs.monitor import JobsMonitor
 
 log = logging.getLogger("chunlian.api")
 
@@ -97,13 +100,20 @@ def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
     runtime = Runtime(settings, engine)
     jobs = build_jobs(settings, lambda: runtime.service if runtime.serving else None)
 
+    monitor = JobsMonitor(jobs.recent, settings.jobs_metrics_every_s)
+    runtime.metrics.registry.register(monitor)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.load()
         runtime.start_background()
+        watching = asyncio.get_running_loop().create_task(monitor.run())
         try:
             yield
         finally:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
             await jobs.close()
             await runtime.shut_down()
 
