@@ -328,6 +328,8 @@ def _accepted_failure(check: str, op: str, status: int | None) -> str | None:
         return "the batch endpoint answers a bad item with an error result inside a 200"
     if check == "status_code_conformance" and status in (413, 431):
         return f"{status} (size limits) is not listed in every operation's responses"
+    if check == "use_after_free" and op == "GET /v1/jobs/{job_id}" and status == 200:
+        return "DELETE /v1/jobs/{id} cancels a job: the job stays readable (status cancelled) until it expires"
     if check == "not_a_server_error" and status == 504:
         return "a deadline the request set itself (timeout_ms, at least 10 ms) passed: 504 deadline_exceeded"
     return None
