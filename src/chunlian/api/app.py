@@ -16,14 +16,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.datastructures import Headers
-from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import chunlian
-from chunlian.api.errors import error_response, install_error_handlers
+from chunlian.api.cors import cors
+from chunlian.api.errors import install_error_handlers
 from chunlian.api.fastpath import PlainCoupletFastPath
 from chunlian.api.jobs_routes import router as jobs_router
 from chunlian.api.middleware import ServiceMiddleware
@@ -67,32 +65,6 @@ class ChunlianAPI(FastAPI):
     async def framework(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The app without the front layers (the innermost layer of ``front``)."""
         await super().__call__(scope, receive, send)
-
-
-class _CORS(CORSMiddleware):
-    """Starlette's CORS, with a refused preflight in the service's error shape."""
-
-    def preflight_response(self, request_headers: Headers) -> Response:
-        resp = super().preflight_response(request_headers)
-        if resp.status_code != 400:
-            return resp
-        what = bytes(resp.body).decode().removeprefix("Disallowed CORS ")
-        headers = {k: v for k, v in resp.headers.items() if k.lower().startswith(("access-control-", "vary"))}
-        return error_response(400, "cors_refused", f"this cross-origin request is not allowed: {what}",
-                              "Origin", headers=headers)
-
-
-def cors(app: ASGIApp, origins: tuple[str, ...]) -> ASGIApp:
-    """Cross-origin calls from ``origins`` (a campaign page served from another site).
-
-    Inside ``ServiceMiddleware``, so preflights and answers still carry ``X-Request-Id``; the
-    headers a page may read are exposed. The refusals ``ServiceMiddleware`` makes itself (413,
-    431) carry no CORS headers: a page sees them as network errors."""
-    return _CORS(
-        app, allow_origins=list(origins), allow_methods=["GET", "POST", "DELETE"],
-        allow_headers=["Content-Type", "X-Request-Id", "X-API-Key"],
-        expose_headers=["X-Request-Id", "X-Chunlian-Instance", "Retry-After"], max_age=600,
-    )
 
 
 def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
