@@ -54,11 +54,47 @@ def read_items(path: Path, style: str | None) -> list[dict[str, Any]]:
     return items
 
 
+RETRY_STATUSES = (429, 503)  # refused before any work: safe to send again, POSTs included
+MAX_RETRIES = 8
+MAX_RETRY_WAIT_S = 30.0
+
+
+def retry_after_s(value: str | None, attempt: int) -> float:
+    """The wait a refusal asks for (``Retry-After`` seconds), else a doubling back-off."""
+    try:
+        wait = float(value) if value is not None else 2.0 ** attempt
+    except ValueError:
+        wait = 2.0 ** attempt
+    return min(MAX_RETRY_WAIT_S, max(0.1, wait))
+
+
+def _polite_transport(sleep: Any = time.sleep) -> Any:
+    """An httpx transport that waits out a 429 or 503 (``Retry-After``) and sends the request
+    again, up to ``MAX_RETRIES`` times: a per-client rate in front of the service (or an
+    instance that is not ready yet) slows a long job's polling and paging instead of failing it."""
+    import httpx
+
+    class Polite(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            for attempt in range(MAX_RETRIES + 1):
+                response = super().handle_request(request)
+                if response.status_code not in RETRY_STATUSES or attempt == MAX_RETRIES:
+                    return response
+                wait = retry_after_s(response.headers.get("retry-after"), attempt)
+                response.close()
+                print(f"chunlian jobs: HTTP {response.status_code} from {request.url.path}; "
+                      f"trying again in {wait:g} s", file=sys.stderr)
+                sleep(wait)
+            raise AssertionError("unreachable")
+
+    return Polite()
+
+
 def _client(args: argparse.Namespace) -> Any:
     import httpx
 
     key = args.api_key or os.environ.get("CHUNLIAN_API_KEY")
-    return httpx.Client(base_url=args.url.rstrip("/"), timeout=args.timeout,
+    return httpx.Client(base_url=args.url.rstrip("/"), timeout=args.timeout, transport=_polite_transport(),
                         headers={"X-API-Key": key} if key else {})
 
 
