@@ -77,3 +77,19 @@ def test_retries_are_bounded_and_the_last_refusal_is_returned(server: tuple[str,
                                                         ("soon", 1, 2.0), ("1e9", 0, 30.0)])
 def test_retry_after(value: str | None, attempt: int, wait: float) -> None:
     assert cli.retry_after_s(value, attempt) == wait
+
+
+@pytest.mark.parametrize("command", [["list"], ["status", "abc"], ["results", "abc"], ["cancel", "abc"]])
+def test_an_unreachable_service_is_one_line_not_a_traceback(command: list[str]) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.run([sys.executable, "-m", "chunlian.cli", "jobs", *command, "--url", f"http://127.0.0.1:{port}"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [f"chunlian jobs: error: no answer from http://127.0.0.1:{port}: "
+                                             "ConnectError: [Errno 111] Connection refused"]

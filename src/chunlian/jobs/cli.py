@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import json
 import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,21 @@ def _polite_transport(sleep: Any = time.sleep) -> Any:
             raise AssertionError("unreachable")
 
     return Polite()
+
+
+def _http_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A command that talks to the service: an unreachable or silent service is one line
+    on stderr and exit status 1, not a traceback."""
+    @functools.wraps(fn)
+    def run(args: argparse.Namespace) -> int:
+        import httpx
+
+        try:
+            return fn(args)
+        except httpx.TransportError as e:
+            return _fail(f"no answer from {args.url}: {type(e).__name__}: {e}")
+
+    return run
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -169,6 +186,7 @@ def write_results(results: list[dict[str, Any]], out: Path | None) -> None:
         out.write_text(text, encoding="utf-8")
 
 
+@_http_command
 def cmd_submit(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
@@ -230,6 +248,7 @@ def _collect(client: Any, job_ids: list[str], args: argparse.Namespace, wait: bo
     return 0 if states == ["done"] else 1
 
 
+@_http_command
 def cmd_results(args: argparse.Namespace) -> int:
     """Jobs' results by id (for jobs submitted without ``--wait``; several ids, as ``submit``
     printed them for a file split into jobs, give one file)."""
@@ -237,6 +256,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         return _collect(client, list(args.job_id), args, wait=args.wait)
 
 
+@_http_command
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
         r = client.get(f"/v1/jobs/{args.job_id}", params={"limit": 0})
@@ -248,6 +268,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+@_http_command
 def cmd_list(args: argparse.Namespace) -> int:
     """The newest jobs: a table, or one JSON object a job with ``--json``."""
     with _client(args) as client:
@@ -267,6 +288,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+@_http_command
 def cmd_cancel(args: argparse.Namespace) -> int:
     with _client(args) as client:
         r = client.delete(f"/v1/jobs/{args.job_id}")
