@@ -33,7 +33,6 @@ DEFAULT_WARMUP = (
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 
 
-
 def parse_origins(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """``CHUNLIAN_CORS_ORIGINS``: comma-separated ``scheme://host[:port]`` origins, or ``*``
     (``ValueError`` saying what was expected otherwise)."""

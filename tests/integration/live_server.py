@@ -13,6 +13,8 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 
@@ -121,3 +123,14 @@ class LiveServer:
         self.server.should_exit = True
         self._thread.join(timeout=30)
         self._sock.close()
+
+
+@contextmanager
+def serving(settings: Settings, engine: EngineLike | None = None) -> Iterator[LiveServer]:
+    """A started server, once it is ready; stopped on the way out, whatever happened."""
+    server = LiveServer(settings, engine).start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

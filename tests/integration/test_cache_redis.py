@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from chunlian.config import load_settings
-from tests.integration.live_server import LiveServer, model_path
+from tests.integration.live_server import LiveServer, model_path, serving
 from tests.unit.test_api_metrics import sample
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -78,12 +78,8 @@ def live(rds: redis.Redis, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         model_path=model_path(tmp_path_factory.mktemp("model")), device="cpu", max_batch_size=16,
         redis_url=REDIS_URL, cache_size=0, cache_ttl_s=TTL_S, warmup=(), torch_threads=1,
     )
-    server = LiveServer(settings).start()
-    try:
-        server.wait_ready()
+    with serving(settings) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

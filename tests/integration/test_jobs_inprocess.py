@@ -18,7 +18,7 @@ import pytest
 
 from chunlian.config import load_settings
 from chunlian.text import is_han
-from tests.integration.live_server import LiveServer, model_path
+from tests.integration.live_server import LiveServer, model_path, serving
 from tests.integration.test_jobs_celery import ROOT, uppers, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -30,12 +30,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         model_path=model_path(tmp_path_factory.mktemp("model")), device="cpu", max_batch_size=16,
         warmup=("春回大地千山秀",), torch_threads=1, broker_url="",
     )
-    server = LiveServer(settings).start()
-    try:
-        server.wait_ready()
+    with serving(settings) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_in_process_job_completes_via_the_api(live: LiveServer) -> None:

@@ -22,7 +22,7 @@ import pytest
 from chunlian.cluster.nginx import NginxConfig, check_config, nginx_command, write
 from chunlian.cluster.procs import free_port, http_status
 from chunlian.config import load_settings
-from tests.integration.live_server import LiveServer, model_path, nginx_or_skip
+from tests.integration.live_server import LiveServer, model_path, nginx_or_skip, serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -36,12 +36,8 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     weights = model_path(tmp_path_factory.mktemp("model"))
     settings = load_settings(model_path=weights, device="cpu", torch_threads=1, warmup=(UPPER,),
                              instance_id="rate-limit-test")
-    server = LiveServer(settings).start()
-    try:
-        server.wait_ready()
+    with serving(settings) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @dataclass

@@ -15,6 +15,7 @@ from fastapi import Request
 from starlette.exceptions import HTTPException
 
 API_KEY_HEADER = "X-API-Key"
+KEY_NEEDED = "API keys are configured and X-API-Key is missing or wrong."  # the 401 in the OpenAPI docs
 
 
 def require_api_key(request: Request) -> None:

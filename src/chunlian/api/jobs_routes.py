@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from chunlian.api.auth import require_api_key
+from chunlian.api.auth import KEY_NEEDED, require_api_key
 from chunlian.api.errors import json_bytes
 from chunlian.api.schemas import ErrorOut
 from chunlian.errors import InvalidInput
@@ -36,7 +36,7 @@ DEFAULT_LIST, MAX_LIST = 20, 100
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorOut, "description": "API keys are configured and X-API-Key is missing or wrong."},
+    401: {"model": ErrorOut, "description": KEY_NEEDED},
     422: {"model": ErrorOut, "description": "Invalid body or query (field named in the error)."},
     503: {"model": ErrorOut, "description": "Not ready, or the job queue is unavailable."},
 }

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from starlette.responses import FileResponse, Response
 from starlette.types import Receive
 
-from chunlian.api.auth import require_api_key
+from chunlian.api.auth import KEY_NEEDED, require_api_key
 from chunlian.api.errors import (
     ClientGone,
     NotReady,
@@ -56,7 +56,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorOut, "description": "Not ready yet, or shutting down."},
     504: {"model": ErrorOut, "description": "The request's deadline passed."},
 }
-_KEY_NEEDED = "API keys are configured and X-API-Key is missing or wrong."
 
 router = APIRouter()
 
@@ -175,7 +174,7 @@ async def _batch_item(svc: CoupletService, item: object) -> dict[str, Any]:
 
 
 @router.post("/v1/couplets/batch", response_model=BatchOut, tags=["couplets"],
-             responses={**_ERRORS, 401: {"model": ErrorOut, "description": _KEY_NEEDED}},
+             responses={**_ERRORS, 401: {"model": ErrorOut, "description": KEY_NEEDED}},
              dependencies=[Depends(require_api_key)])
 async def batch_couplets(body: BatchIn, request: Request) -> Response:
     """Answer up to 256 requests at once; a bad item gets an error, the rest are answered.

@@ -121,7 +121,7 @@ class ClusterSpec:
     worker_own_model: bool = False
     env: Mapping[str, str] = field(default_factory=dict)  # extra env for every child
     # more NginxConfig fields (the per-client rate limit: client_rate_per_s, client_burst,
-    # rate_limit_exempt, trusted_proxies); NginxConfig.validate checks them before any start
+    # rate_limit_exempt, trusted_proxies, rate_limit_dry_run); NginxConfig.validate checks them
     nginx_options: Mapping[str, Any] = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -164,10 +164,15 @@ class Cluster:
         return f"http://{self.spec.host}:{self.spec.port}"
 
     @property
+    def local_host(self) -> str:
+        """The address a process on this machine dials to reach nginx (a wildcard listen
+        address is connected to on loopback)."""
+        return {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.spec.host, self.spec.host)
+
+    @property
     def local_url(self) -> str:
-        """nginx as a process on this machine reaches it (a wildcard listen address is
-        connected to on loopback)."""
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1"}.get(self.spec.host, self.spec.host)
+        """nginx as a process on this machine reaches it."""
+        host = self.local_host
         return f"http://{f'[{host}]' if ':' in host and not host.startswith('[') else host}:{self.spec.port}"
 
     @property
@@ -238,7 +243,7 @@ class Cluster:
         if not (with_workers and self.spec.workers and not self.spec.worker_own_model
                 and options.get("client_rate_per_s")):
             return options
-        host = self.local_url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")
+        host = self.local_host.strip("[]")
         try:
             source = str(ipaddress.ip_address(host))  # a local connection comes from the address it dials
         except ValueError:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chunlian.jobs.items import MAX_JOB_ITEMS
+from chunlian.jobs.items import MAX_JOB_ITEMS, response_error
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CSV_FIELDS = ("index", "status", "upper", "lower", "hengpi", "style", "model", "error_code", "error")
@@ -116,13 +116,13 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _error_text(r: Any, first_line: int = 1) -> str:
-    try:
-        err = r.json()["error"]
-        msg = f"{err['code']}: {err['message']}"
-    except Exception:
+    err = response_error(r)
+    if err is None:
         return f"HTTP {r.status_code}"
+    code, message, field = err
+    msg = f"{code}: {message}"
     # items.7.upper -> the file's line for item 7
-    m = re.match(r"items\.(\d+)", str(err.get("field") or ""))
+    m = re.match(r"items\.(\d+)", str(field or ""))
     if m:
         msg += f" (item {int(m.group(1)) + first_line})"
     return msg

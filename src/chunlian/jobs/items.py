@@ -116,3 +116,13 @@ def failed_entry(code: str, message: str, field: str | None = None) -> Entry:
 
 
 CANCELLED_ENTRY: Entry = {"status": CANCELLED}
+
+
+def response_error(response: Any) -> tuple[str, str, str | None] | None:
+    """``(code, message, field)`` of an HTTP answer in the service's error shape (nginx's own
+    refusals use it too, e.g. ``rate_limited``), else None."""
+    try:
+        err = response.json()["error"]
+        return str(err["code"]), str(err["message"]), err.get("field")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None

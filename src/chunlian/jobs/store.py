@@ -248,9 +248,8 @@ class MemoryJobStore:
     def recent(self, limit: int) -> list[JobState]:
         with self._lock:
             self._purge()
-            # creation order breaks ties of the clock (the dict keeps insertion order)
-            order = sorted(enumerate(self._jobs.items()), key=lambda x: (x[1][1].created_at, x[0]), reverse=True)
-            return [self._state(job_id, job) for _, (job_id, job) in order[:limit]]
+            newest = list(self._jobs.items())[::-1][:limit]  # the dict keeps creation order
+            return [self._state(job_id, job) for job_id, job in newest]
 
     def results(self, job_id: str, offset: int, limit: int) -> list[Entry]:
         with self._lock:

@@ -40,6 +40,7 @@ from chunlian.jobs.items import (
     done_entry,
     failed_entry,
     request_of,
+    response_error,
     spec_text,
 )
 from chunlian.jobs.quality import QUALITY_SUB_BATCH, QualityModel, is_quality
@@ -166,16 +167,6 @@ _TRANSIENT_CODES = {"overloaded", "deadline_exceeded", "engine_stopped", "cancel
                     "internal", "client_closed_request"}
 
 
-def _error_words(response: Any) -> str:
-    """``: code: message`` of an error body in the service's shape (also nginx's own, e.g.
-    ``rate_limited`` when this worker's address is not exempt from a per-client rate), else ""."""
-    try:
-        err = response.json()["error"]
-        return f": {err['code']}: {err['message']}"
-    except (ValueError, KeyError, TypeError):
-        return ""
-
-
 class HttpExecutor:
     """A serving instance's engine over HTTP (``/v1/couplets/batch``, bulk priority)."""
 
@@ -202,7 +193,9 @@ class HttpExecutor:
 
         r = self.client.post("/v1/couplets/batch", json={"items": list(specs)})
         if r.status_code != 200:
-            raise RuntimeError(f"engine answered HTTP {r.status_code}{_error_words(r)}")
+            # the refusal's words (nginx's rate_limited, when this worker's address is not exempt)
+            err = response_error(r)
+            raise RuntimeError(f"engine answered HTTP {r.status_code}" + (f": {err[0]}: {err[1]}" if err else ""))
         out: list[Outcome] = []
         for _spec, body in zip(specs, r.json()["results"], strict=True):
             err = body.get("error")
