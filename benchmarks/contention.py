@@ -9,7 +9,15 @@ beside a stand-in for the web side's work, in alternating rounds.
 Reported per round: sequences/s and the mean engine step (ms) at the mean row count. If
 ``gil`` and ``proc`` cost the same, the engine pays for the CPU time, not for the lock.
 
+``--layout replicas`` measures the served layout instead (``engine.replicas``: one
+single-threaded engine process per core, ``bench.engine.replicated_peak``, the denominator of
+``chunlian bench service``'s miss ratio), alone and beside a separate process with the same
+duty cycle (``proc``); the ``gil`` mode does not apply (the replicas share no lock with anyone).
+``beside / alone`` is the most a served instance could reach against that peak if its web side
+and load generator cost the engines nothing but the CPU they take.
+
     python benchmarks/contention.py --requests 2400 --rounds 2
+    python benchmarks/contention.py --layout replicas --rows 64 --burst-ms 1 --period-ms 3.7 --rounds 3
 """
 
 from __future__ import annotations
@@ -85,9 +93,16 @@ def main() -> None:
     ap.add_argument("--burst-ms", type=float, default=1.0)
     ap.add_argument("--period-ms", type=float, default=10.0)
     ap.add_argument("--matmul", default="float32")
+    ap.add_argument("--layout", choices=("engine", "replicas"), default="engine",
+                    help="engine: one engine in this process (default); replicas: the served "
+                         "layout, one single-threaded engine process per core")
+    ap.add_argument("--replicas", type=int, default=2, help="engine processes, with --layout replicas")
     args = ap.parse_args()
     if not 0 < args.burst_ms < args.period_ms:
         ap.error(f"expected 0 < --burst-ms < --period-ms, got {args.burst_ms} and {args.period_ms}")
+    if args.layout == "replicas":
+        _replicas_main(args)
+        return
     single_threaded_here()
     loaded = load_weights(None, "cpu", args.matmul)
     hengpi = HengpiSelector.from_loaded(loaded)
@@ -100,6 +115,24 @@ def main() -> None:
             out[mode].append(_measure(mode, args.burst_ms / 1000, args.period_ms / 1000, run))
             print(mode, out[mode][-1], file=sys.stderr)
     print(json.dumps({"meta": vars(args), "rounds": out}, indent=1))
+
+
+def _replicas_main(args: argparse.Namespace) -> None:
+    from chunlian.bench.engine import replicated_peak
+
+    def run() -> dict[str, float]:
+        r = replicated_peak(None, args.rows, args.requests, args.replicas, 1, "http",
+                            args.matmul, seeded_share=1.0)
+        return {"steady_seq_per_s": r["steady_seq_per_s"], "seq_per_s": r["seq_per_s"]}
+    out: dict[str, list[dict[str, float]]] = {"alone": [], "proc": []}
+    for r in range(args.rounds):
+        for mode in out if r % 2 == 0 else reversed(list(out)):
+            out[mode].append(_measure(mode, args.burst_ms / 1000, args.period_ms / 1000, run))
+            print(mode, out[mode][-1], file=sys.stderr)
+    ceilings = [round(b["steady_seq_per_s"] / a["steady_seq_per_s"], 3)
+                for a, b in zip(out["alone"], out["proc"], strict=True)]
+    print(json.dumps({"meta": vars(args), "competitor_cores": round(args.burst_ms / args.period_ms, 3),
+                      "rounds": out, "beside_vs_alone_by_round": ceilings}, indent=1))
 
 
 if __name__ == "__main__":

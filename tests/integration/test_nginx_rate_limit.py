@@ -159,3 +159,15 @@ def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget(front: 
         # another client behind the same proxy is not held back by the first one's use
         other, _ = _burst(c, BURST + 1, **{"X-Forwarded-For": "203.0.113.8"})
         assert [r.status_code for r in other] == [200] * (BURST + 1)
+
+
+@pytest.mark.parametrize("front", [LIMITED], indirect=True)
+async def test_warmup_behind_the_limit_waits_out_its_refusals_and_ends_warm(front: Front) -> None:
+    from chunlian.api.warmup import warmup_remote
+
+    # 800 items are four batches, one request each: the fourth is over the burst and refused
+    # (429, Retry-After 2) until the rate lets it through
+    report = await warmup_remote(front.url, [UPPER] * 800, timeout_s=60)
+    assert (report.requested, report.ok, report.failed) == (800, 800, 0), report.errors
+    states = front.limit_states()
+    assert states.count("PASSED") == 4 and states.count("REJECTED") >= 1, states

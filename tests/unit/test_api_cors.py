@@ -61,3 +61,21 @@ def test_bad_origins_name_the_setting_and_the_value(bad: str) -> None:
 def test_origins_are_read_from_a_comma_separated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHUNLIAN_CORS_ORIGINS", " https://a.example , http://[::1]:8080 ,")
     assert load_settings().cors_origins == ("https://a.example", "http://[::1]:8080")
+
+
+async def test_the_services_own_refusals_are_readable_by_an_allowed_page() -> None:
+    # 413 and 431 are answered before the CORS layer; a page must still read them (not a
+    # network error) to tell its user the line is too long
+    async with running_app(cors_origins=PAGE, body_limit_bytes=1024) as h:
+        big = {"upper": "春" * 1000}
+        r = await h.client.post("/v1/couplets", json=big, headers={"Origin": PAGE})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+        assert r.headers["access-control-allow-origin"] == PAGE and r.headers["vary"] == "Origin"
+        assert "x-request-id" in r.headers["access-control-expose-headers"].lower()
+        r = await h.client.post("/v1/couplets", json=BODY, headers={"Origin": PAGE, "X-Pad": "x" * 20_000})
+        assert r.status_code == 431 and r.headers["access-control-allow-origin"] == PAGE
+        r = await h.client.post("/v1/couplets", json=big, headers={"Origin": "https://evil.example"})
+        assert r.status_code == 413 and "access-control-allow-origin" not in r.headers
+    async with running_app(body_limit_bytes=1024) as h:  # CORS off: no headers on refusals either
+        r = await h.client.post("/v1/couplets", json=big, headers={"Origin": PAGE})
+        assert r.status_code == 413 and "access-control-allow-origin" not in r.headers

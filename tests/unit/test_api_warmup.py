@@ -71,3 +71,54 @@ async def test_start_up_heap_is_frozen_once_ready_when_asked() -> None:
             assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
+
+
+def _scripted(answers: list[httpx.Response], sent: list[list[dict[str, object]]]) -> httpx.AsyncClient:
+    """A client whose every request gets the next of ``answers``; the items sent are kept."""
+    import json
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content)["items"])
+        return answers.pop(0)
+    return httpx.AsyncClient(transport=httpx.MockTransport(handle))
+
+
+def _results(*codes: str | None) -> httpx.Response:
+    return httpx.Response(200, json={"results": [
+        {"upper": "春回大地千山秀", "lower": "x", "cached": False} if c is None
+        else {"error": {"code": c, "message": f"{c}!", "field": None}} for c in codes]})
+
+
+async def test_warmup_remote_waits_out_refusals_and_sends_items_refused_for_load_again() -> None:
+    sent: list[list[dict[str, object]]] = []
+    waits: list[float] = []
+
+    async def sleep(s: float) -> None:
+        waits.append(s)
+    answers = [httpx.Response(429, headers={"Retry-After": "3"}, json={}),  # whole batch refused
+               _results(None, "overloaded", "invalid_input", None, "engine_stopped"),
+               _results("overloaded", None),  # the two refused for load, sent again
+               _results(None)]
+    entries = ["春回大地千山秀", "一帆风顺年年好", "天增岁月人增寿", "福满人间喜事多", "爆竹声中辞旧岁"]
+    async with _scripted(answers, sent) as client:
+        report = await warmup_remote("http://unit", entries, client=client, sleep=sleep)
+    assert [len(s) for s in sent] == [5, 5, 2, 1]
+    assert [b["upper"] for b in sent[2]] == ["一帆风顺年年好", "爆竹声中辞旧岁"]
+    assert sent[3] == [{"upper": "一帆风顺年年好", "style": "traditional"}]
+    assert waits == [3.0, 2.0, 4.0]  # Retry-After, then the doubling back-off of tries 1 and 2
+    assert (report.ok, report.failed) == (4, 1) and report.errors == ["invalid_input: invalid_input!"]
+
+
+async def test_warmup_remote_gives_up_after_its_retries_and_reports_the_refusal() -> None:
+    from chunlian.retry import MAX_RETRIES, MAX_RETRY_WAIT_S
+
+    sent: list[list[dict[str, object]]] = []
+    waits: list[float] = []
+
+    async def sleep(s: float) -> None:
+        waits.append(s)
+    answers = [httpx.Response(503, headers={"Retry-After": "600"}, json={})] * (MAX_RETRIES + 1)
+    async with _scripted(answers, sent) as client:
+        report = await warmup_remote("http://unit", ["春回大地千山秀"], client=client, sleep=sleep)
+    assert len(sent) == MAX_RETRIES + 1 and waits == [MAX_RETRY_WAIT_S] * MAX_RETRIES
+    assert (report.ok, report.failed) == (0, 1) and report.errors[0].startswith("HTTP 503")

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from chunlian import retry
 from chunlian.jobs import cli
 
 
@@ -66,7 +67,7 @@ def test_retries_are_bounded_and_the_last_refusal_is_returned(server: tuple[str,
     script += [(429, {"Retry-After": "600"})] * (cli.MAX_RETRIES + 1)
     with httpx.Client(base_url=url, transport=cli._polite_transport(sleep=waits.append)) as c:
         r = c.get("/v1/jobs/x")
-    assert r.status_code == 429 and waits == [cli.MAX_RETRY_WAIT_S] * cli.MAX_RETRIES
+    assert r.status_code == 429 and waits == [retry.MAX_RETRY_WAIT_S] * cli.MAX_RETRIES
     script.clear()
     script += [(404, {}), (500, {})]
     with httpx.Client(base_url=url, transport=cli._polite_transport(sleep=waits.append)) as c:
@@ -76,7 +77,7 @@ def test_retries_are_bounded_and_the_last_refusal_is_returned(server: tuple[str,
 @pytest.mark.parametrize(("value", "attempt", "wait"), [("3", 0, 3.0), ("0", 0, 0.1), (None, 3, 8.0),
                                                         ("soon", 1, 2.0), ("1e9", 0, 30.0)])
 def test_retry_after(value: str | None, attempt: int, wait: float) -> None:
-    assert cli.retry_after_s(value, attempt) == wait
+    assert retry.retry_after_s(value, attempt) == wait
 
 
 @pytest.mark.parametrize("command", [["list"], ["status", "abc"], ["results", "abc"], ["cancel", "abc"]])

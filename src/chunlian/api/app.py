@@ -107,5 +107,6 @@ def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
         instance_id=settings.instance_id,
         body_limit=settings.body_limit_bytes,
         observe=runtime.metrics.observe_request,
+        cors_origins=settings.cors_origins,
     )
     return app

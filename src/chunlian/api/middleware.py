@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from chunlian.api.cors import refusal_headers
 from chunlian.api.errors import BodyTooLarge, error_body, json_bytes
 
 access_log = logging.getLogger("chunlian.access")
@@ -56,12 +57,14 @@ class ServiceMiddleware:
         body_limit: int,
         observe: RequestObserver | None = None,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
+        cors_origins: tuple[str, ...] = (),
     ) -> None:
         self.app = app
         self.instance = instance_id.encode("latin-1", "replace")
         self.body_limit = body_limit
         self.observe = observe
         self.max_header_bytes = max_header_bytes
+        self.cors_origins = cors_origins  # its own refusals carry CORS headers (api.cors)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,7 +92,8 @@ class ServiceMiddleware:
             await send_with_headers({
                 "type": "http.response.start", "status": code_status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())],
+                            (b"content-length", str(len(body)).encode()),
+                            *refusal_headers(self.cors_origins, scope)],
             })
             await send_with_headers({"type": "http.response.body", "body": body})
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from chunlian.api.auth import API_KEY_HEADER
 from chunlian.api.schemas import MAX_BATCH_ITEMS, ComposeIn, CoupletIn
 from chunlian.api.service import CoupletService
 from chunlian.errors import ChunlianError, InvalidInput
+from chunlian.retry import MAX_RETRIES, RETRY_ITEM_CODES, RETRY_STATUSES, retry_after_s
 from chunlian.text import han_count, normalize
 from chunlian.types import CoupletRequest
 
@@ -113,9 +114,16 @@ async def warmup_remote(
     timeout_s: float = 120.0,
     client: httpx.AsyncClient | None = None,
     api_key: str | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> WarmupReport:
     """Warm the service at ``url`` (its base URL) with ``items`` via ``/v1/couplets/batch``
-    (which needs ``api_key`` when the service has keys configured)."""
+    (which needs ``api_key`` when the service has keys configured).
+
+    A refused batch (429 from a full queue or a per-client rate, 503 from an instance not
+    ready yet) is sent again after its ``Retry-After``, and items refused for load
+    (``chunlian.retry.RETRY_ITEM_CODES``) go again in the next try, both at most
+    ``MAX_RETRIES`` times: a cluster warmed while it starts, or behind nginx's rate, ends warm
+    instead of with a report of refusals."""
     bodies = warmup_bodies(items)
     report = WarmupReport(requested=len(bodies))
     endpoint = url.rstrip("/") + "/v1/couplets/batch"
@@ -124,25 +132,54 @@ async def warmup_remote(
     headers = {API_KEY_HEADER: api_key} if api_key else {}
     try:
         for i in range(0, len(bodies), MAX_BATCH_ITEMS):
-            chunk = bodies[i : i + MAX_BATCH_ITEMS]
-            try:
-                resp = await http.post(endpoint, json={"items": chunk}, headers=headers)
-            except httpx.HTTPError as e:
-                report.failed += len(chunk)
-                report.errors.append(f"{type(e).__name__}: {e}")
-                continue
-            if resp.status_code != 200:
-                report.failed += len(chunk)
-                report.errors.append(f"HTTP {resp.status_code}: {resp.text[:200]}")
-                continue
-            for res in resp.json().get("results", []):
-                if "error" in res:
-                    report.failed += 1
-                    report.errors.append(f"{res['error'].get('code')}: {res['error'].get('message')}")
-                else:
-                    report.ok += 1
-                    report.cached += bool(res.get("cached"))
+            await _warm_chunk(http, endpoint, headers, bodies[i : i + MAX_BATCH_ITEMS], report, sleep)
     finally:
         if own:
             await http.aclose()
     return report
+
+
+async def _warm_chunk(http: httpx.AsyncClient, endpoint: str, headers: dict[str, str],
+                      chunk: list[dict[str, Any]], report: WarmupReport,
+                      sleep: Callable[[float], Awaitable[None]]) -> None:
+    """One batch of at most ``MAX_BATCH_ITEMS``, with its retries; counts into ``report``."""
+    pending = chunk
+    for attempt in range(MAX_RETRIES + 1):
+        last = attempt == MAX_RETRIES
+        try:
+            resp = await http.post(endpoint, json={"items": pending}, headers=headers)
+        except httpx.HTTPError as e:
+            report.failed += len(pending)
+            report.errors.append(f"{type(e).__name__}: {e}")
+            return
+        if resp.status_code in RETRY_STATUSES and not last:
+            wait = retry_after_s(resp.headers.get("retry-after"), attempt)
+            log.warning("warm-up batch refused (HTTP %d); trying again in %g s", resp.status_code, wait)
+            await sleep(wait)
+            continue
+        if resp.status_code != 200:
+            report.failed += len(pending)
+            report.errors.append(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            return
+        results = resp.json().get("results", [])
+        if len(results) != len(pending):
+            report.failed += len(pending)
+            report.errors.append(f"{len(results)} results for {len(pending)} items")
+            return
+        again: list[dict[str, Any]] = []
+        for body, res in zip(pending, results, strict=True):
+            err = res.get("error")
+            if err is None:
+                report.ok += 1
+                report.cached += bool(res.get("cached"))
+            elif err.get("code") in RETRY_ITEM_CODES and not last:
+                again.append(body)
+            else:
+                report.failed += 1
+                report.errors.append(f"{err.get('code')}: {err.get('message')}")
+        if not again:
+            return
+        wait = retry_after_s(None, attempt)
+        log.warning("%d warm-up items refused for load; trying them again in %g s", len(again), wait)
+        await sleep(wait)
+        pending = again

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from chunlian.jobs.items import MAX_JOB_ITEMS, response_error
+from chunlian.retry import MAX_RETRIES, RETRY_STATUSES, retry_after_s
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 CSV_FIELDS = ("index", "status", "upper", "lower", "hengpi", "style", "model", "error_code", "error")
@@ -54,20 +55,6 @@ def read_items(path: Path, style: str | None) -> list[dict[str, Any]]:
         for item in items:
             item.setdefault("style", style)
     return items
-
-
-RETRY_STATUSES = (429, 503)  # refused before any work: safe to send again, POSTs included
-MAX_RETRIES = 8
-MAX_RETRY_WAIT_S = 30.0
-
-
-def retry_after_s(value: str | None, attempt: int) -> float:
-    """The wait a refusal asks for (``Retry-After`` seconds), else a doubling back-off."""
-    try:
-        wait = float(value) if value is not None else 2.0 ** attempt
-    except ValueError:
-        wait = 2.0 ** attempt
-    return min(MAX_RETRY_WAIT_S, max(0.1, wait))
 
 
 def _polite_transport(sleep: Any = time.sleep) -> Any:
