@@ -224,7 +224,7 @@ def cluster(weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     proc = _launch(
         ["--instances", "2", "--port", str(port), "--redis-url", REDIS_URL, "--torch-threads", "1",
          "--nginx-workers", "1", "--prefix", str(prefix), "--ready-timeout", str(READY_LIMIT_S),
-         "--json", *workers],
+         "--nginx-metrics-port", "0", "--json", *workers],
         _env(marker, weights),
     )
     stderr: list[str] = []
@@ -319,6 +319,14 @@ def test_nginx_health_and_request_id(cluster: Launched) -> None:
         big = c.post("/v1/couplets", content=b"{" + b" " * 2_000_000 + b"}",
                      headers={"content-type": "application/json"})
         assert big.status_code == 413 and big.json()["error"]["code"] == "body_too_large"
+    # nginx's own refusal, which no instance saw, is on the exporter's /metrics
+    metrics_url = cluster.info["nginx"]["metrics_url"]
+    assert metrics_url
+
+    def counted() -> bool:
+        text = httpx.get(metrics_url, timeout=10).text
+        return "chunlian_nginx_up 1.0" in text and 'chunlian_nginx_responses_total{code="413"} 1.0' in text
+    assert _wait_until(counted, 15), httpx.get(metrics_url, timeout=10).text
 
 
 def test_requests_are_spread_over_both_instances(cluster: Launched) -> None:

@@ -171,3 +171,36 @@ async def test_warmup_behind_the_limit_waits_out_its_refusals_and_ends_warm(fron
     assert (report.requested, report.ok, report.failed) == (800, 800, 0), report.errors
     states = front.limit_states()
     assert states.count("PASSED") == 4 and states.count("REJECTED") >= 1, states
+
+
+@pytest.mark.parametrize("front", [LIMITED], indirect=True)
+def test_the_exporter_counts_what_the_limit_refused(front: Front) -> None:
+    import threading
+
+    from chunlian.cluster.exporter import run
+
+    port = free_port()
+    stop = threading.Event()
+    thread = threading.Thread(target=run, daemon=True, args=(
+        front.access_log, f"{front.url}/nginx-status", "127.0.0.1", port, 0.1, stop))
+    thread.start()
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    try:
+        deadline = time.monotonic() + 15
+        while http_status("127.0.0.1", port, "/metrics") != 200:
+            assert time.monotonic() < deadline, "the exporter never answered"
+            time.sleep(0.05)
+        with httpx.Client(base_url=front.url, timeout=30) as c:
+            responses, _ = _burst(c, 12)
+        refused = sum(r.status_code == 429 for r in responses)
+        assert refused, [r.status_code for r in responses]
+        want = [f'chunlian_nginx_limit_req_total{{state="REJECTED"}} {float(refused)}',
+                f'chunlian_nginx_responses_total{{code="429"}} {float(refused)}',
+                f'chunlian_nginx_limit_req_total{{state="PASSED"}} {float(12 - refused)}',
+                "chunlian_nginx_up 1.0"]
+        while not all(w in (text := httpx.get(metrics, timeout=10).text) for w in want):
+            assert time.monotonic() < deadline + 15, (want, text)
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        thread.join(10)

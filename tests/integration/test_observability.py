@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from chunlian.config import load_settings
-from tests.integration.live_server import LiveServer, model_path
+from tests.integration.live_server import LiveServer, model_path, nginx_or_skip
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -112,6 +112,54 @@ def metrics_text(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def nginx_metrics_text(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The nginx exporter's /metrics, following a real nginx (per-client rate on, no live
+    upstream: nginx answers everything itself) that refused some requests."""
+    import threading
+    import time
+
+    from chunlian.cluster.exporter import run
+    from chunlian.cluster.nginx import NginxConfig, check_config, nginx_command, write
+    from chunlian.cluster.procs import free_port, http_status
+
+    binary = nginx_or_skip()
+    prefix = tmp_path_factory.mktemp("nginx")
+    port, metrics_port = free_port(), free_port()
+    cfg = NginxConfig(upstreams=(f"127.0.0.1:{free_port()}",), prefix=prefix / "ng", listen=f"127.0.0.1:{port}",
+                      worker_processes="1", client_rate_per_s=0.1, client_burst=0)
+    write(cfg)
+    check_config(binary, cfg)
+    proc = subprocess.Popen(nginx_command(binary, cfg), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop = threading.Event()
+    exporter = threading.Thread(target=run, daemon=True, args=(
+        cfg.prefix / "logs" / "access.log", f"http://127.0.0.1:{port}/nginx-status", "127.0.0.1",
+        metrics_port, 0.1, stop))
+    try:
+        deadline = time.monotonic() + 30
+        while http_status("127.0.0.1", port, "/nginx-health") != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, "nginx did not start"
+            time.sleep(0.05)
+        exporter.start()
+        while http_status("127.0.0.1", metrics_port, "/metrics") != 200:
+            assert time.monotonic() < deadline, "the exporter did not start"
+            time.sleep(0.05)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+            codes = [c.post("/v1/couplets", json={"upper": "春回大地千山秀"}).status_code for _ in range(3)]
+        assert codes == [503, 429, 429]  # no instance answers (503, not nginx's 502); then over the rate
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        while 'chunlian_nginx_limit_req_total{state="REJECTED"} 2.0' not in (text := httpx.get(url).text):
+            assert time.monotonic() < deadline, text
+            time.sleep(0.1)
+        yield text
+    finally:
+        stop.set()
+        if exporter.is_alive():
+            exporter.join(10)
+        proc.terminate()
+        proc.wait(15)
+
+
 def test_the_files_use_some_metrics() -> None:
     assert len(names_in(alert_exprs())) >= 8
     assert len(names_in(dashboard_queries())) >= 12
@@ -123,15 +171,19 @@ def test_gpu_allowlist_names_are_real() -> None:
         assert f'"{name}"' in source, name
 
 
-def test_every_alert_metric_is_exported(metrics_text: str) -> None:
+def test_every_alert_metric_is_exported(metrics_text: str, nginx_metrics_text: str) -> None:
     used = names_in(alert_exprs())
     assert "chunlian_redis_up" in exported_names(metrics_text)  # the Redis URL made it appear
-    assert missing(used, exported_names(metrics_text)) <= GPU_ONLY
+    exported = exported_names(metrics_text) | exported_names(nginx_metrics_text)
+    assert missing(used, exported) <= GPU_ONLY
+    assert any(n.startswith("chunlian_nginx_") for n in used)  # the exporter's are checked too
 
 
-def test_every_dashboard_metric_is_exported(metrics_text: str) -> None:
+def test_every_dashboard_metric_is_exported(metrics_text: str, nginx_metrics_text: str) -> None:
     used = names_in(dashboard_queries())
-    assert missing(used, exported_names(metrics_text)) <= GPU_ONLY
+    exported = exported_names(metrics_text) | exported_names(nginx_metrics_text)
+    assert missing(used, exported) <= GPU_ONLY
+    assert {"chunlian_nginx_limit_req_total", "chunlian_nginx_connections"} <= used
 
 
 def test_gpu_metrics_absent_on_cpu(metrics_text: str) -> None:
@@ -209,6 +261,35 @@ tests:
           - exp_labels: {{severity: warning, instance: a, job: chunlian}}
       - eval_time: 5m
         alertname: ChunlianNotReady
+        exp_alerts: []
+  # the per-client rate: 9% of requests refused for 10 min fires; 1% never does
+  - interval: 1m
+    input_series:
+      - series: 'chunlian_nginx_limit_req_total{{instance="ng", job="chunlian-nginx", state="PASSED"}}'
+        values: '0+600x30'
+      - series: 'chunlian_nginx_limit_req_total{{instance="ng", job="chunlian-nginx", state="REJECTED"}}'
+        values: '0+60x30'
+      - series: 'chunlian_nginx_limit_req_total{{instance="ng2", job="chunlian-nginx", state="PASSED"}}'
+        values: '0+600x30'
+      - series: 'chunlian_nginx_limit_req_total{{instance="ng2", job="chunlian-nginx", state="REJECTED"}}'
+        values: '0+60x30'
+    alert_rule_test:
+      - eval_time: 8m
+        alertname: ChunlianClientsRateLimited
+        exp_alerts: []
+      - eval_time: 20m
+        alertname: ChunlianClientsRateLimited
+        exp_alerts:
+          - exp_labels: {{severity: warning}}
+  - interval: 1m
+    input_series:
+      - series: 'chunlian_nginx_limit_req_total{{instance="ng", job="chunlian-nginx", state="PASSED"}}'
+        values: '0+600x30'
+      - series: 'chunlian_nginx_limit_req_total{{instance="ng", job="chunlian-nginx", state="REJECTED"}}'
+        values: '0+6x30'
+    alert_rule_test:
+      - eval_time: 25m
+        alertname: ChunlianClientsRateLimited
         exp_alerts: []
   # bulk jobs: a backlog with nothing finishing for 30 min fires; the same backlog draining does not
   - interval: 1m

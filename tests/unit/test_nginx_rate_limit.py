@@ -37,6 +37,13 @@ def test_off_by_default_every_client_key_is_empty(tmp_path: Path) -> None:
     assert "limit_req_dry_run on;" in render(_cfg(tmp_path, client_rate_per_s=1, rate_limit_dry_run=True))
 
 
+def test_a_burst_of_zero_is_no_burst_parameter(tmp_path: Path) -> None:
+    # nginx -t refuses "burst=0" (its default); the observability test runs this config in nginx
+    conf = render(_cfg(tmp_path, client_rate_per_s=1, client_burst=0))
+    assert "limit_req zone=chunlian_clients nodelay;" in _block(conf, "location /v1/couplets")
+    assert "burst=" not in conf and "(burst 0)" in conf
+
+
 def test_on_limits_per_address_with_the_service_error_shape(tmp_path: Path) -> None:
     conf = render(_cfg(tmp_path, client_rate_per_s=5, client_burst=7, rate_limit_exempt=("10.0.0.0/8", "::1"),
                        trusted_proxies=("192.168.1.7",)))
@@ -123,6 +130,9 @@ def test_nginx_refusals_are_readable_by_the_allowed_pages(tmp_path: Path) -> Non
     assert '"https://fu.example.com" $http_origin;' in _block(conf, "map $http_origin $chunlian_cors_origin")
     for loc in ("location @rate_limited", "location @too_large", "location @unavailable"):
         assert "add_header Access-Control-Allow-Origin $chunlian_cors_origin always;" in _block(conf, loc)
+    # no instance answering is a 503 with Retry-After (what clients retry), not nginx's own 502/504;
+    # the observability test sees the 503 from a real nginx
+    assert "error_page 502 504 =503 @unavailable;" in conf
     assert 'default "*";' in render(_cfg(tmp_path, cors_origins=("*",)))
     with pytest.raises(ConfigError, match="cors origins"):
         render(_cfg(tmp_path, cors_origins=("https://a.example/path",)))

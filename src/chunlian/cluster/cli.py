@@ -59,6 +59,8 @@ def _summary(d: dict[str, Any], own_prefix: bool) -> str:
     if ng.get("client_rate_per_s"):
         dry = " (dry run: logged, not refused)" if ng.get("client_rate_dry_run") else ""
         lines.append(f"              per-client limit {ng['client_rate_per_s']:g} requests/s, burst {ng['client_burst']}{dry}")
+    if ng.get("metrics_url"):
+        lines.append(f"              its refusals and connections: {ng['metrics_url']}")
     for i, inst in enumerate(d["instances"], start=1):
         lines.append(f"  instance {i:<2} pid {inst['pid']:<7} {inst['url']}  id {inst['id']}")
     for i, w in enumerate(d["workers"], start=1):
@@ -98,6 +100,7 @@ def _cluster(args: argparse.Namespace) -> int:
         deadline_s=args.deadline_s,
         worker_own_model=args.worker_own_model,
         nginx_options=_rate_limit(args),
+        nginx_metrics_port=None if args.nginx_metrics_port < 0 else args.nginx_metrics_port,
     )
     stop = threading.Event()
 
@@ -178,6 +181,9 @@ def register(sub: Any) -> None:
                    help="an address or CIDR never rate limited (repeat)")
     c.add_argument("--trusted-proxy", action="append", default=[], metavar="CIDR",
                    help="a proxy or CDN address/CIDR whose X-Forwarded-For names the client (repeat)")
+    c.add_argument("--nginx-metrics-port", type=int, default=9113, metavar="PORT",
+                   help="where nginx's own counters are served for Prometheus (its 429s, 413s, 503s and "
+                        "connections: chunlian.cluster.exporter; default 9113, 0: a free port, -1: none)")
     c.add_argument("--json", action="store_true", help="print the ready cluster as one JSON line")
     c.add_argument("--print-nginx-config", action="store_true",
                    help="only print the rendered nginx config for --upstream HOST:PORT ... and exit")

@@ -123,6 +123,9 @@ class ClusterSpec:
     # more NginxConfig fields (the per-client rate limit: client_rate_per_s, client_burst,
     # rate_limit_exempt, trusted_proxies, rate_limit_dry_run); NginxConfig.validate checks them
     nginx_options: Mapping[str, Any] = field(default_factory=dict)
+    # the nginx exporter (cluster.exporter: its refusals and connections on /metrics) on
+    # instance_host:nginx_metrics_port (0: a free port; None: not started)
+    nginx_metrics_port: int | None = 0
 
     def validate(self) -> None:
         if self.instances < 1:
@@ -131,6 +134,8 @@ class ClusterSpec:
             raise ConfigError(f"--workers must be 0 or more, got {self.workers}")
         if not 0 <= self.port < 65536:
             raise ConfigError(f"--port must be 0-65535, got {self.port}")
+        if self.nginx_metrics_port is not None and not 0 <= self.nginx_metrics_port < 65536:
+            raise ConfigError(f"--nginx-metrics-port must be 0-65535, got {self.nginx_metrics_port}")
         if self.instance_ports and len(self.instance_ports) != self.instances:
             raise ConfigError(f"give {self.instances} instance ports, got {len(self.instance_ports)}")
         if self.torch_threads is not None and self.torch_threads < 1:
@@ -187,6 +192,15 @@ class Cluster:
     def nginx(self) -> Child | None:
         return next((c for c in self.children if c.role == "nginx"), None)
 
+    @property
+    def exporter(self) -> Child | None:
+        return next((c for c in self.children if c.role == "exporter"), None)
+
+    @property
+    def nginx_metrics_url(self) -> str | None:
+        ex = self.exporter
+        return None if ex is None else f"http://{self.spec.instance_host}:{ex.port}/metrics"
+
     def describe(self) -> dict[str, Any]:
         """Where everything runs (JSON-able)."""
         ng = self.nginx
@@ -203,6 +217,7 @@ class Cluster:
                 "client_rate_per_s": self.nginx_cfg.client_rate_per_s if self.nginx_cfg else 0.0,
                 "client_burst": self.nginx_cfg.client_burst if self.nginx_cfg else 0,
                 "client_rate_dry_run": self.nginx_cfg.rate_limit_dry_run if self.nginx_cfg else False,
+                "metrics_url": self.nginx_metrics_url,
             },
             "instances": [
                 {"id": c.instance_id, "pid": c.pid, "port": c.port,
@@ -341,8 +356,23 @@ class Cluster:
                 self._spawn("worker", f"worker-{i}", worker_cmd, child_env)
         ng = self._spawn("nginx", "nginx", nginx_command(binary, self.nginx_cfg), env)
         ng.log_path = self.nginx_cfg.prefix / "logs" / "error.log"  # where nginx says why
+        if spec.nginx_metrics_port is not None:
+            self._spawn_exporter(env, avoid=[spec.port, *ports])
         self._wait_ready(stop, t0)
         self.ready_s = round(time.monotonic() - t0, 2)
+
+    def _spawn_exporter(self, env: Mapping[str, str], avoid: list[int]) -> None:
+        """``cluster.exporter`` following nginx's access log and reading its stub_status."""
+        assert self.nginx_cfg is not None and self.spec.nginx_metrics_port is not None
+        spec = self.spec
+        port = spec.nginx_metrics_port or free_port(spec.instance_host, avoid=avoid)
+        host = spec.instance_host
+        cmd = [sys.executable, "-m", "chunlian.cluster.exporter",
+               "--status-url", f"{self.local_url}/nginx-status", "--listen", f"{host}:{port}"]
+        if spec.access_log:
+            cmd += ["--access-log", str(self.nginx_cfg.prefix / "logs" / "access.log")]
+        child = self._spawn("exporter", "nginx-exporter", cmd, {**env, "PYTHONUNBUFFERED": "1"})
+        child.port = port
 
     def _spawn(self, role: str, name: str, cmd: list[str], env: Mapping[str, str]) -> Child:
         assert self.prefix is not None
@@ -380,7 +410,11 @@ class Cluster:
                 nginx_ok = http_status(spec.host, spec.port, "/nginx-health") == 200
             for c in self.workers:
                 c.ready = c.ready or WORKER_READY in c.log_tail(40)
+            ex = self.exporter
+            if ex is not None and not ex.ready and ex.port is not None:
+                ex.ready = http_status(spec.instance_host, ex.port, "/metrics") == 200
             if (nginx_ok and all(c.ready for c in self.instances) and all(c.ready for c in self.workers)
+                    and (ex is None or ex.ready)
                     and http_status(spec.host, spec.port, "/readyz") == 200):  # the path through nginx
                 return
             if time.monotonic() > deadline:

@@ -258,6 +258,8 @@ def _rate_limit_values(cfg: NginxConfig) -> dict[str, object]:
         "client_rate": cfg.client_rate_directive,
         "client_rate_text": text if on else "the rate",
         "client_burst": cfg.client_burst,
+        # nginx refuses "burst=0" (its default): a burst of 0 is no burst parameter at all
+        "limit_req_burst": f"burst={cfg.client_burst} " if cfg.client_burst else "",
         "rate_limit_retry_after_s": cfg.retry_after_s,
     }
 

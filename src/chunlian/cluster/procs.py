@@ -81,7 +81,7 @@ def die_with_parent_of(parent: int) -> Callable[[], None]:
 class Child:
     """One started process (the leader of its own process group)."""
 
-    role: str  # "instance", "worker" or "nginx"
+    role: str  # "instance", "worker", "nginx" or "exporter"
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
