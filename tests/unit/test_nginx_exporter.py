@@ -52,7 +52,6 @@ def test_parse_stub_status() -> None:
 def test_the_follower_reads_new_complete_lines_across_rotation_and_truncation(tmp_path: Path) -> None:
     log = tmp_path / "access.log"
     follower = LogFollower(log)
-    assert list(follower.lines()) == []  # no file yet: nothing, no error
     log.write_text("old 1\nold 2\n")
     assert list(follower.lines()) == []  # from the end at start: history is not counted
     with log.open("a") as f:
@@ -71,6 +70,11 @@ def test_the_follower_reads_new_complete_lines_across_rotation_and_truncation(tm
         f.write("after truncation\n")
     assert list(follower.lines()) == ["after truncation"]
     follower.close()
+    late = LogFollower(tmp_path / "later.log")
+    assert list(late.lines()) == []
+    (tmp_path / "later.log").write_text("written before the next poll\n")
+    assert list(late.lines()) == ["written before the next poll"]  # a file born after the start: read whole
+    late.close()
 
 
 def test_counters_by_code_and_limit_state() -> None:

@@ -86,6 +86,8 @@ class LogFollower:
         try:
             stat = self.path.stat()
         except FileNotFoundError:
+            if self._file is None:
+                self._from_start = True  # created after we started: every line of it is new
             return
         if self._file is None:
             self._reopen(stat, at_end=not self._from_start)
