@@ -80,13 +80,13 @@ def test_the_follower_reads_new_complete_lines_across_rotation_and_truncation(tm
 def test_counters_by_code_and_limit_state() -> None:
     registry = CollectorRegistry()
     counters = AccessLogCounters(registry)
-    for line in [LINE.format(code=429, limit="REJECTED")] * 3 + [LINE.format(code=200, limit="PASSED"),
-                                                                   LINE.format(code=200, limit="-"), "junk", ""]:
-        counters.count(line)
+    counters.count([LINE.format(code=429, limit="REJECTED")] * 3 + [LINE.format(code=200, limit="PASSED"),
+                                                                  LINE.format(code=200, limit="-"), "junk", ""])
+    counters.count(iter([LINE.format(code=429, limit="REJECTED")]))  # a second poll adds to the first
     value = registry.get_sample_value
-    assert value("chunlian_nginx_responses_total", {"code": "429"}) == 3
+    assert value("chunlian_nginx_responses_total", {"code": "429"}) == 4
     assert value("chunlian_nginx_responses_total", {"code": "200"}) == 2
-    assert value("chunlian_nginx_limit_req_total", {"state": "REJECTED"}) == 3
+    assert value("chunlian_nginx_limit_req_total", {"state": "REJECTED"}) == 4
     assert value("chunlian_nginx_limit_req_total", {"state": "PASSED"}) == 1
     assert value("chunlian_nginx_access_log_unparsed_total") == 1
 
