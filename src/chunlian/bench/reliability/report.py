@@ -123,7 +123,10 @@ def _result(o: Outcome) -> str:
     return "pass" if o.ok else "**FAIL**"
 
 
-def render_report(outcomes: list[Outcome], started: dt.datetime, wall_s: float, model: str, scale: str) -> str:
+def render_report(outcomes: list[Outcome], started: dt.datetime, wall_s: float, model: str, scale: str,
+                  code: str | None = None) -> str:
+    """The Markdown report; ``code``: the commit the run started from (``git_commit()`` then:
+    taken at the end, the run's own partial reports would make every tree look changed)."""
     lines = [
         "# Reliability: overload, faults and hostile input",
         "",
@@ -135,7 +138,7 @@ def render_report(outcomes: list[Outcome], started: dt.datetime, wall_s: float, 
         f"* **Run:** {started:%Y-%m-%d %H:%M} UTC, {wall_s / 60:.1f} min ({scale} scale); load average "
         f"at the end {_loadavg()} (the machine is shared: other processes' load shows in the latencies)",
         f"* **Machine:** {machine()}",
-        f"* **Code:** commit {git_commit()}; model `{model}`",
+        f"* **Code:** commit {code or git_commit()}; model `{model}`",
         "",
         "| scenario | load applied | sent | answered | rejected | failed | items lost | result |",
         "|---|---|---:|---:|---:|---:|---:|---|",
@@ -325,12 +328,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model-path", default=None)
     args = ap.parse_args(argv)
     started = dt.datetime.now(dt.UTC)
+    code = git_commit()  # before the partial reports rewrite args.out
     t0 = time.monotonic()
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def partial(done: list[Outcome]) -> None:  # an interrupted run still leaves its table
-        text = render_report(sort_outcomes(done), started, time.monotonic() - t0, "see the final run", args.scale)
+        text = render_report(sort_outcomes(done), started, time.monotonic() - t0, "see the final run", args.scale,
+                             code)
         args.out.write_text(text.replace("\n| scenario |", "\n**This run did not finish: the table holds "
                                          "the scenarios done so far.**\n\n| scenario |", 1) + "\n", encoding="utf-8")
 
@@ -341,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes, model = asyncio.run(run_all(args.scale, args.budget_s, only, args.model_path,
                                           say=lambda m: print(f"[{time.monotonic() - t0:5.0f} s] {m}", flush=True),
                                           on_change=partial))
-    report = render_report(outcomes, started, time.monotonic() - t0, model, args.scale)
+    report = render_report(outcomes, started, time.monotonic() - t0, model, args.scale, code)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report + "\n", encoding="utf-8")
     for o in outcomes:
