@@ -236,9 +236,34 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     items = read_warmup_file(Path(args.file)) if args.file else list(DEFAULT_WARMUP)
     t0 = time.perf_counter()
     key = args.api_key or os.environ.get("CHUNLIAN_API_KEY") or None
-    report = asyncio.run(warmup_remote(args.url, items, api_key=key))
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="req", desc="warm-up", file=sys.stderr, dynamic_ncols=True)
+
+    def progress(done: int, total: int) -> None:
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
+    try:
+        report = asyncio.run(warmup_remote(args.url, items, api_key=key, batches_in_flight=args.batches_in_flight,
+                                           on_progress=progress))
+    finally:
+        if bar is not None:
+            bar.close()
     _dump({"items": len(items), "seconds": round(time.perf_counter() - t0, 2), **report.as_dict()})
     return 1 if getattr(report, "failed", 0) else 0
+
+
+def _batches_in_flight(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of batches, got {text!r}") from None
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 64, got {n}")
+    return n
 
 
 # ---- parser ----------------------------------------------------------------------------------
@@ -368,6 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--file")
     w.add_argument("--api-key", default=None,
                    help="X-API-Key, needed when the service has CHUNLIAN_API_KEYS (default: $CHUNLIAN_API_KEY)")
+    w.add_argument("--batches-in-flight", type=_batches_in_flight, default=2,
+                   help="batches of 256 sent at once (behind nginx: to that many instances; default 2)")
+    w.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     w.set_defaults(fn=cmd_warmup)
 
     for mod in PLUGINS:

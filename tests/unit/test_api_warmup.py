@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from chunlian.api.warmup import read_warmup_file, warmup_bodies, warmup_remote, warmup_requests
 from tests.unit.api_fakes import running_app
@@ -122,3 +123,39 @@ async def test_warmup_remote_gives_up_after_its_retries_and_reports_the_refusal(
         report = await warmup_remote("http://unit", ["春回大地千山秀"], client=client, sleep=sleep)
     assert len(sent) == MAX_RETRIES + 1 and waits == [MAX_RETRY_WAIT_S] * MAX_RETRIES
     assert (report.ok, report.failed) == (0, 1) and report.errors[0].startswith("HTTP 503")
+
+
+async def test_warmup_remote_keeps_batches_in_flight_and_reports_progress() -> None:
+    import asyncio
+    import json
+
+    in_flight, most, sent = 0, 0, 0
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal in_flight, most, sent
+        items = json.loads(request.content)["items"]
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.02)
+        in_flight -= 1
+        sent += len(items)
+        return _results(*[None] * len(items))
+    progress: list[tuple[int, int]] = []
+    entries = [f"春回大地千山秀{i}" for i in range(1000)]  # 4 batches of at most 256
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        report = await warmup_remote("http://unit", entries, client=client, batches_in_flight=3,
+                                     on_progress=lambda done, total: progress.append((done, total)))
+    assert most == 3 and sent == 1000 and (report.ok, report.failed) == (1000, 0)
+    assert [t for _, t in progress] == [1000] * 4 and progress[-1][0] == 1000
+    assert [d for d, _ in progress] == sorted(d for d, _ in progress)
+
+
+def test_the_warmup_command_refuses_a_bad_batches_in_flight(capsys: pytest.CaptureFixture[str]) -> None:
+    from chunlian.cli import main
+
+    for bad in ("0", "x", "65"):
+        with pytest.raises(SystemExit) as e:
+            main(["warmup", "--url", "http://127.0.0.1:9", "--batches-in-flight", bad])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "--batches-in-flight" in err and err.count("\n") <= 3

@@ -115,6 +115,8 @@ async def warmup_remote(
     client: httpx.AsyncClient | None = None,
     api_key: str | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    batches_in_flight: int = 2,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> WarmupReport:
     """Warm the service at ``url`` (its base URL) with ``items`` via ``/v1/couplets/batch``
     (which needs ``api_key`` when the service has keys configured).
@@ -123,16 +125,32 @@ async def warmup_remote(
     ready yet) is sent again after its ``Retry-After``, and items refused for load
     (``chunlian.retry.RETRY_ITEM_CODES``) go again in the next try, both at most
     ``MAX_RETRIES`` times: a cluster warmed while it starts, or behind nginx's rate, ends warm
-    instead of with a report of refusals."""
+    instead of with a report of refusals.
+
+    ``batches_in_flight`` batches are sent at once (behind a load balancer, to that many
+    instances; the results land in their shared cache); ``on_progress(done, total)`` is called
+    with the requests settled so far after each batch."""
+    if batches_in_flight < 1:
+        raise ValueError(f"batches_in_flight must be at least 1, got {batches_in_flight}")
     bodies = warmup_bodies(items)
     report = WarmupReport(requested=len(bodies))
     endpoint = url.rstrip("/") + "/v1/couplets/batch"
     own = client is None
     http = client or httpx.AsyncClient(timeout=timeout_s)
     headers = {API_KEY_HEADER: api_key} if api_key else {}
+    gate = asyncio.Semaphore(batches_in_flight)
+    done = 0
+
+    async def one(chunk: list[dict[str, Any]]) -> None:
+        nonlocal done
+        async with gate:
+            await _warm_chunk(http, endpoint, headers, chunk, report, sleep)
+        done += len(chunk)
+        if on_progress is not None:
+            on_progress(done, len(bodies))
+
     try:
-        for i in range(0, len(bodies), MAX_BATCH_ITEMS):
-            await _warm_chunk(http, endpoint, headers, bodies[i : i + MAX_BATCH_ITEMS], report, sleep)
+        await asyncio.gather(*(one(bodies[i : i + MAX_BATCH_ITEMS]) for i in range(0, len(bodies), MAX_BATCH_ITEMS)))
     finally:
         if own:
             await http.aclose()
