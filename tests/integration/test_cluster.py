@@ -39,7 +39,7 @@ import pytest
 
 from chunlian.cluster.launcher import worker_command
 from chunlian.cluster.nginx import ClusterError, NginxConfig, fill, render, template_text
-from chunlian.cluster.procs import free_port
+from chunlian.cluster.procs import free_port, http_status
 from chunlian.errors import ConfigError
 from tests.integration.live_server import model_path, nginx_or_skip
 
@@ -426,11 +426,22 @@ def test_an_instance_killed_mid_stream_fails_no_request(cluster: Launched) -> No
     assert not failures, failures
     after_kill = [r for r in results if r[2]]
     assert after_kill and all(inst == survivor["id"] for _, inst, _ in after_kill)
-    # and the cluster keeps answering through nginx with one instance
+    # and the cluster keeps answering through nginx while the victim is down (or warming up)
     with httpx.Client(base_url=cluster.url, timeout=30) as c:
         for _ in range(4):
             r = c.post("/v1/couplets", json={"upper": UPPERS[0]})
-            assert r.status_code == 200 and r.headers["x-chunlian-instance"] == survivor["id"]
+            assert r.status_code == 200, r.text
+    # the launcher starts the victim again, on its port with its id, and nginx uses it again
+    assert _wait_until(lambda: "instance-1 started again" in "".join(cluster.stderr), 30), "".join(cluster.stderr)
+    assert _wait_until(lambda: http_status("127.0.0.1", victim["port"], "/readyz") == 200, READY_LIMIT_S)
+    seen: set[str] = set()
+    with httpx.Client(base_url=cluster.url, timeout=30) as c:
+        def victim_serves() -> bool:  # once nginx's fail_timeout (5 s) for its refused connections ends
+            r = c.post("/v1/couplets", json={"upper": UPPERS[len(seen) % len(UPPERS)]})
+            assert r.status_code == 200, r.text
+            seen.add(r.headers["x-chunlian-instance"])
+            return victim["id"] in seen
+        assert _wait_until(victim_serves, 30), seen
 
 
 def test_the_launcher_stops_everything_on_sigterm(cluster: Launched) -> None:

@@ -72,6 +72,7 @@ def _summary(d: dict[str, Any], own_prefix: bool) -> str:
     if d.get("broker_url"):
         lines.append(f"  broker      {d['broker_url']} (Celery)")
     lines.append(f"  logs        {d['prefix']}/logs" + (" (removed on exit; --prefix DIR keeps them)" if own_prefix else ""))
+    lines.append("An instance, worker or exporter that exits is started again (--no-restart: left down).")
     lines.append("Ctrl-C (or SIGTERM) stops everything started here.")
     return "\n".join(lines)
 
@@ -80,6 +81,7 @@ def _cluster(args: argparse.Namespace) -> int:
     if args.print_nginx_config:
         return _print_config(args)
     from chunlian.cluster.launcher import DEFAULT_REDIS_URL, Cluster, ClusterSpec
+    from chunlian.cluster.supervisor import Supervisor
 
     def say(msg: str) -> None:
         print(f"chunlian cluster: {msg}", file=sys.stderr, flush=True)
@@ -118,12 +120,17 @@ def _cluster(args: argparse.Namespace) -> int:
     try:
         d = cluster.describe()
         print(json.dumps(d) if args.json else _summary(d, spec.prefix is None), flush=True)
+        supervisor = None if args.no_restart else Supervisor(cluster, say=say)
         while not stop.wait(0.5):
-            for c in cluster.newly_exited():
-                left = sum(1 for i in cluster.instances if i.alive)
-                say(f"{c.name} (pid {c.pid}) exited with status {c.proc.returncode}; "
-                    f"{left} of {len(cluster.instances)} instance(s) still serving")
-            if not cluster.healthy():
+            if supervisor is not None:
+                supervisor.tick()
+            else:
+                for c in cluster.newly_exited():
+                    left = sum(1 for i in cluster.instances if i.alive)
+                    say(f"{c.name} (pid {c.pid}) exited with status {c.proc.returncode}; "
+                        f"{left} of {len(cluster.instances)} instance(s) still serving")
+            restarting = supervisor is not None and supervisor.pending_role("instance") > 0
+            if not cluster.healthy() and not (restarting and cluster.nginx is not None and cluster.nginx.alive):
                 say("nginx or every instance is gone: stopping everything")
                 rc = 1
                 break
@@ -184,6 +191,9 @@ def register(sub: Any) -> None:
     c.add_argument("--nginx-metrics-port", type=int, default=9113, metavar="PORT",
                    help="where nginx's own counters are served for Prometheus (its 429s, 413s, 503s and "
                         "connections: chunlian.cluster.exporter; default 9113, 0: a free port, -1: none)")
+    c.add_argument("--no-restart", action="store_true",
+                   help="leave an instance, worker or exporter that exits down (default: start it again, "
+                        "waiting 1, 2, 4 ... s; a sixth exit within 5 min leaves it down)")
     c.add_argument("--json", action="store_true", help="print the ready cluster as one JSON line")
     c.add_argument("--print-nginx-config", action="store_true",
                    help="only print the rendered nginx config for --upstream HOST:PORT ... and exit")

@@ -387,9 +387,29 @@ class Cluster:
         except OSError as e:
             log_file.close()
             raise ClusterError(f"could not start {name} ({cmd[0]}): {e}") from None
-        child = Child(role, name, proc, log_path, log_file)
+        child = Child(role, name, proc, log_path, log_file, cmd=list(cmd), env=dict(env))
         with self._lock:
             self.children.append(child)
+        return child
+
+    def respawn(self, old: Child) -> Child | None:
+        """Start an exited child again (same command, environment, port and log), in its place
+        in ``children``; None once ``stop`` has begun (nothing is started after it)."""
+        with self._lock:
+            if self._stopped or old not in self.children:
+                return None
+            self.children.remove(old)
+        old.log_file.close()
+        child = self._spawn(old.role, old.name, old.cmd, old.env)
+        child.port, child.instance_id, child.restarts = old.port, old.instance_id, old.restarts + 1
+        with self._lock:
+            stopped = self._stopped  # stop() ran meanwhile and may have missed it
+        if stopped:
+            child.signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=5.0)
+            child.log_file.close()
+            return None
         return child
 
     def _wait_ready(self, stop: threading.Event, t0: float) -> None:

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -90,6 +90,9 @@ class Child:
     instance_id: str | None = None
     ready: bool = False
     reported_exit: bool = False
+    cmd: list[str] = field(default_factory=list)  # how it was started, to start it again
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0  # how many times this role-and-name was started again
 
     @property
     def pid(self) -> int:
