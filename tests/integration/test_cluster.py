@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import pytest
 
-from chunlian.cluster.launcher import worker_command
+from chunlian.cluster.commands import worker_command
 from chunlian.cluster.nginx import ClusterError, NginxConfig, fill, render, template_text
 from chunlian.cluster.procs import free_port, http_status
 from chunlian.errors import ConfigError

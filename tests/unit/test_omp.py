@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from chunlian.cluster.launcher import spin_env
+from chunlian.cluster.commands import spin_env
 from chunlian.config import load_settings
 from chunlian.errors import ConfigError
 

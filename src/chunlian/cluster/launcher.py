@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from chunlian.cluster.commands import WORKER_READY, env_number, spin_env, worker_command
 from chunlian.cluster.nginx import (
     ClusterError,
     NginxConfig,
@@ -43,55 +44,8 @@ from chunlian.cluster.procs import Child, die_with_parent_of, free_port, http_st
 from chunlian.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-WORKER_READY = " ready."  # Celery's log line once a worker consumes ("celery@host ready.")
 
 Say = Callable[[str], None]
-
-
-def worker_command() -> list[str] | None:
-    """The command that runs one Celery worker (``chunlian worker``), or None when this build
-    has no jobs module (``chunlian.jobs`` and its ``worker`` command)."""
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec("chunlian.jobs.cli") is None:
-            return None
-        from chunlian.cli import build_parser
-
-        parser = build_parser()
-    except Exception:  # noqa: BLE001 - a half-written jobs module means: no workers
-        return None
-    for action in parser._subparsers._group_actions if parser._subparsers else ():  # noqa: SLF001
-        choices = getattr(action, "choices", None)
-        if isinstance(choices, dict) and "worker" in choices:
-            return [sys.executable, "-m", "chunlian.cli", "worker", "--loglevel", "INFO"]
-    return None
-
-
-def _setting_default(name: str) -> Any:
-    from chunlian.config import Settings
-
-    return Settings.model_fields[name].default
-
-
-def spin_env(env: Mapping[str, str], instances: int, workers: int) -> dict[str, str]:
-    """The instances' OpenMP spin (``chunlian.omp``): bounded when several model-running
-    processes share this machine's cores, unless ``CHUNLIAN_OMP_SPIN`` says otherwise; a
-    lone instance keeps the full spin of ``chunlian serve``."""
-    if env.get("CHUNLIAN_OMP_SPIN") or (instances < 2 and workers < 1):
-        return {}
-    return {"CHUNLIAN_OMP_SPIN": "bounded"}
-
-
-def _env_number(env: Mapping[str, str], name: str, cast: Callable[[str], Any]) -> Any:
-    key = f"CHUNLIAN_{name.upper()}"
-    raw = env.get(key)
-    if raw is None or raw == "":
-        return _setting_default(name)
-    try:
-        return cast(raw)
-    except ValueError:
-        raise ConfigError(f"{key}: expected a number, got {raw!r}") from None
 
 
 # ---- the spec and the children -------------------------------------------------------------
@@ -302,14 +256,14 @@ class Cluster:
         while len(ports) < spec.instances:
             ports.append(free_port(spec.instance_host, avoid=[spec.port, *ports]))
 
-        default_timeout_s = _env_number(env, "default_timeout_ms", int) / 1000.0
+        default_timeout_s = env_number(env, "default_timeout_ms", int) / 1000.0
         deadline_s = spec.deadline_s or max(30.0, default_timeout_s)
         self.nginx_cfg = NginxConfig(
             upstreams=tuple(f"{spec.instance_host}:{p}" for p in ports),
             prefix=self.prefix / "nginx",
             listen=f"{spec.host}:{spec.port}",
             deadline_s=deadline_s,
-            body_limit_bytes=_env_number(env, "body_limit_bytes", int),
+            body_limit_bytes=env_number(env, "body_limit_bytes", int),
             cors_origins=env_origins(env),
             worker_processes=spec.nginx_worker_processes,
             access_log=spec.access_log,

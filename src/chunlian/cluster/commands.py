@@ -1,0 +1,59 @@
+"""What each child of ``chunlian cluster`` runs, and with which environment: the worker's
+command, the OpenMP spin of model-running processes, and the service settings the launcher
+reads from the environment it passes on."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from chunlian.errors import ConfigError
+
+WORKER_READY = " ready."  # Celery's log line once a worker consumes ("celery@host ready.")
+
+
+def worker_command() -> list[str] | None:
+    """The command that runs one Celery worker (``chunlian worker``), or None when this build
+    has no jobs module (``chunlian.jobs`` and its ``worker`` command)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("chunlian.jobs.cli") is None:
+            return None
+        from chunlian.cli import build_parser
+
+        parser = build_parser()
+    except Exception:  # noqa: BLE001 - a half-written jobs module means: no workers
+        return None
+    for action in parser._subparsers._group_actions if parser._subparsers else ():  # noqa: SLF001
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict) and "worker" in choices:
+            return [sys.executable, "-m", "chunlian.cli", "worker", "--loglevel", "INFO"]
+    return None
+
+
+def setting_default(name: str) -> Any:
+    from chunlian.config import Settings
+
+    return Settings.model_fields[name].default
+
+
+def spin_env(env: Mapping[str, str], instances: int, workers: int) -> dict[str, str]:
+    """The instances' OpenMP spin (``chunlian.omp``): bounded when several model-running
+    processes share this machine's cores, unless ``CHUNLIAN_OMP_SPIN`` says otherwise; a
+    lone instance keeps the full spin of ``chunlian serve``."""
+    if env.get("CHUNLIAN_OMP_SPIN") or (instances < 2 and workers < 1):
+        return {}
+    return {"CHUNLIAN_OMP_SPIN": "bounded"}
+
+
+def env_number(env: Mapping[str, str], name: str, cast: Callable[[str], Any]) -> Any:
+    key = f"CHUNLIAN_{name.upper()}"
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return setting_default(name)
+    try:
+        return cast(raw)
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number, got {raw!r}") from None
