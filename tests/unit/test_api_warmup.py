@@ -159,3 +159,13 @@ def test_the_warmup_command_refuses_a_bad_batches_in_flight(capsys: pytest.Captu
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert "--batches-in-flight" in err and err.count("\n") <= 3
+
+
+async def test_warmup_remote_reports_a_200_that_is_not_the_service() -> None:
+    sent: list[list[dict[str, object]]] = []
+    answers = [httpx.Response(200, text="<html>captive portal</html>"), httpx.Response(200, json={"results": []})]
+    async with _scripted(answers, sent) as client:
+        report = await warmup_remote("http://unit", ["春回大地千山秀"], client=client)
+        again = await warmup_remote("http://unit", ["春回大地千山秀"], client=client)
+    assert (report.ok, report.failed) == (0, 1) and "captive portal" in report.errors[0]
+    assert (again.ok, again.failed) == (0, 1) and "without a result per item" in again.errors[0]

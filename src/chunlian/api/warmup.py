@@ -179,10 +179,13 @@ async def _warm_chunk(http: httpx.AsyncClient, endpoint: str, headers: dict[str,
             report.failed += len(pending)
             report.errors.append(f"HTTP {resp.status_code}: {resp.text[:200]}")
             return
-        results = resp.json().get("results", [])
-        if len(results) != len(pending):
+        try:
+            results = resp.json()["results"]
+        except (ValueError, KeyError, TypeError):  # not the service (a proxy's page, say)
+            results = None
+        if not isinstance(results, list) or len(results) != len(pending):
             report.failed += len(pending)
-            report.errors.append(f"{len(results)} results for {len(pending)} items")
+            report.errors.append(f"HTTP 200 without a result per item: {resp.text[:200]}")
             return
         again: list[dict[str, Any]] = []
         for body, res in zip(pending, results, strict=True):
