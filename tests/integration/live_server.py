@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,6 +27,7 @@ import uvicorn
 
 from chunlian.api import create_app
 from chunlian.api.service import EngineLike
+from chunlian.cluster.nginx import NginxConfig
 from chunlian.config import DEFAULT_WARMUP, Settings
 from chunlian.model.checkpoint import DEFAULT_WEIGHTS
 
@@ -134,3 +138,80 @@ def serving(settings: Settings, engine: EngineLike | None = None) -> Iterator[Li
         yield server
     finally:
         server.stop()
+
+
+@dataclass
+class Front:
+    """A started nginx (``nginx_front``): its URL, access log and config."""
+
+    url: str
+    access_log: Path
+    cfg: NginxConfig
+
+    def limit_states(self) -> list[str]:
+        """``$limit_req_status`` of every couplet request in the access log, in order."""
+        lines = self.access_log.read_text().splitlines()
+        return [line.rsplit("limit=", 1)[1] for line in lines if "/v1/couplets" in line]
+
+
+@contextmanager
+def nginx_front(prefix: Path, upstream_ports: list[int], **options: Any) -> Iterator[Front]:
+    """A real nginx with the rendered config (``NginxConfig(**options)``, one worker) in front
+    of ``upstream_ports`` on loopback, answering ``/nginx-health``; stopped (and its files
+    removed) on the way out. Its stdout goes to ``prefix``/nginx.out."""
+    import tempfile
+
+    from chunlian.cluster.nginx import check_config, nginx_command, write
+    from chunlian.cluster.procs import free_port, http_status
+
+    binary = nginx_or_skip()
+    port = free_port()
+    # nginx's own files in a fresh directory under /tmp: as root its workers run as nobody,
+    # who cannot pass through pytest's 0700 temporary directories to reach the page cache
+    home = Path(tempfile.mkdtemp(prefix="chunlian-nginx-test-"))
+    home.chmod(0o711)
+    cfg = NginxConfig(upstreams=tuple(f"127.0.0.1:{p}" for p in upstream_ports), prefix=home / "nginx",
+                      listen=f"127.0.0.1:{port}", worker_processes="1", **options)
+    write(cfg)
+    check_config(binary, cfg)
+    log = (prefix / "nginx.out").open("w")
+    proc = subprocess.Popen(nginx_command(binary, cfg), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while http_status("127.0.0.1", port, "/nginx-health") != 200:
+            assert proc.poll() is None, (cfg.prefix / "logs" / "error.log").read_text()
+            assert time.monotonic() < deadline, "nginx did not answer /nginx-health in 30 s"
+            time.sleep(0.05)
+        yield Front(f"http://127.0.0.1:{port}", cfg.prefix / "logs" / "access.log", cfg)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+        log.close()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@contextmanager
+def exporter_running(front: Front, poll_s: float = 0.1) -> Iterator[str]:
+    """``chunlian.cluster.exporter`` following ``front``'s access log and stub_status, in a
+    thread, once its /metrics answers; yields that URL; stopped on the way out."""
+    from chunlian.cluster.exporter import run
+    from chunlian.cluster.procs import free_port, http_status
+
+    port = free_port()
+    stop = threading.Event()
+    thread = threading.Thread(target=run, daemon=True, args=(
+        front.access_log, f"{front.url}/nginx-status", "127.0.0.1", port, poll_s, stop))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 15
+        while http_status("127.0.0.1", port, "/metrics") != 200:
+            assert thread.is_alive() and time.monotonic() < deadline, "the exporter never answered"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/metrics"
+    finally:
+        stop.set()
+        thread.join(10)

@@ -10,19 +10,22 @@ time the run actually took (however slow this machine is that day).
 from __future__ import annotations
 
 import math
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-from chunlian.cluster.nginx import NginxConfig, check_config, nginx_command, write
-from chunlian.cluster.procs import free_port, http_status
 from chunlian.config import load_settings
-from tests.integration.live_server import LiveServer, model_path, nginx_or_skip, serving
+from tests.integration.live_server import (
+    Front,
+    LiveServer,
+    exporter_running,
+    model_path,
+    nginx_front,
+    serving,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -40,43 +43,11 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         yield server
 
 
-@dataclass
-class Front:
-    url: str
-    access_log: Path
-
-    def limit_states(self) -> list[str]:
-        """``$limit_req_status`` of every couplet request in the access log, in order."""
-        lines = self.access_log.read_text().splitlines()
-        return [line.rsplit("limit=", 1)[1] for line in lines if "/v1/couplets" in line]
-
-
 @pytest.fixture
 def front(instance: LiveServer, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Front]:
     """nginx with ``NginxConfig(**request.param)`` in front of the instance."""
-    binary = nginx_or_skip()
-    port = free_port()
-    cfg = NginxConfig(upstreams=(f"127.0.0.1:{instance.port}",), prefix=tmp_path / "nginx",
-                      listen=f"127.0.0.1:{port}", worker_processes="1", **request.param)
-    write(cfg)
-    check_config(binary, cfg)
-    log = (tmp_path / "nginx.out").open("w")
-    proc = subprocess.Popen(nginx_command(binary, cfg), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while http_status("127.0.0.1", port, "/nginx-health") != 200:
-            assert proc.poll() is None, (cfg.prefix / "logs" / "error.log").read_text()
-            assert time.monotonic() < deadline, "nginx did not answer /nginx-health in 30 s"
-            time.sleep(0.05)
-        yield Front(f"http://127.0.0.1:{port}", cfg.prefix / "logs" / "access.log")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        log.close()
+    with nginx_front(tmp_path, [instance.port], **request.param) as f:
+        yield f
 
 
 def _burst(client: httpx.Client, count: int, **headers: str) -> tuple[list[httpx.Response], float]:
@@ -175,21 +146,7 @@ async def test_warmup_behind_the_limit_waits_out_its_refusals_and_ends_warm(fron
 
 @pytest.mark.parametrize("front", [LIMITED], indirect=True)
 def test_the_exporter_counts_what_the_limit_refused(front: Front) -> None:
-    import threading
-
-    from chunlian.cluster.exporter import run
-
-    port = free_port()
-    stop = threading.Event()
-    thread = threading.Thread(target=run, daemon=True, args=(
-        front.access_log, f"{front.url}/nginx-status", "127.0.0.1", port, 0.1, stop))
-    thread.start()
-    metrics = f"http://127.0.0.1:{port}/metrics"
-    try:
-        deadline = time.monotonic() + 15
-        while http_status("127.0.0.1", port, "/metrics") != 200:
-            assert time.monotonic() < deadline, "the exporter never answered"
-            time.sleep(0.05)
+    with exporter_running(front) as metrics:
         with httpx.Client(base_url=front.url, timeout=30) as c:
             responses, _ = _burst(c, 12)
         refused = sum(r.status_code == 429 for r in responses)
@@ -198,9 +155,7 @@ def test_the_exporter_counts_what_the_limit_refused(front: Front) -> None:
                 f'chunlian_nginx_responses_total{{code="429"}} {float(refused)}',
                 f'chunlian_nginx_limit_req_total{{state="PASSED"}} {float(12 - refused)}',
                 "chunlian_nginx_up 1.0"]
+        deadline = time.monotonic() + 15
         while not all(w in (text := httpx.get(metrics, timeout=10).text) for w in want):
-            assert time.monotonic() < deadline + 15, (want, text)
+            assert time.monotonic() < deadline, (want, text)
             time.sleep(0.1)
-    finally:
-        stop.set()
-        thread.join(10)

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from chunlian.config import load_settings
-from tests.integration.live_server import LiveServer, model_path, nginx_or_skip
+from tests.integration.live_server import LiveServer, exporter_running, model_path, nginx_front
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -116,48 +116,20 @@ def metrics_text(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def nginx_metrics_text(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The nginx exporter's /metrics, following a real nginx (per-client rate on, no live
     upstream: nginx answers everything itself) that refused some requests."""
-    import threading
     import time
 
-    from chunlian.cluster.exporter import run
-    from chunlian.cluster.nginx import NginxConfig, check_config, nginx_command, write
-    from chunlian.cluster.procs import free_port, http_status
+    from chunlian.cluster.procs import free_port
 
-    binary = nginx_or_skip()
-    prefix = tmp_path_factory.mktemp("nginx")
-    port, metrics_port = free_port(), free_port()
-    cfg = NginxConfig(upstreams=(f"127.0.0.1:{free_port()}",), prefix=prefix / "ng", listen=f"127.0.0.1:{port}",
-                      worker_processes="1", client_rate_per_s=0.1, client_burst=0)
-    write(cfg)
-    check_config(binary, cfg)
-    proc = subprocess.Popen(nginx_command(binary, cfg), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    stop = threading.Event()
-    exporter = threading.Thread(target=run, daemon=True, args=(
-        cfg.prefix / "logs" / "access.log", f"http://127.0.0.1:{port}/nginx-status", "127.0.0.1",
-        metrics_port, 0.1, stop))
-    try:
-        deadline = time.monotonic() + 30
-        while http_status("127.0.0.1", port, "/nginx-health") != 200:
-            assert proc.poll() is None and time.monotonic() < deadline, "nginx did not start"
-            time.sleep(0.05)
-        exporter.start()
-        while http_status("127.0.0.1", metrics_port, "/metrics") != 200:
-            assert time.monotonic() < deadline, "the exporter did not start"
-            time.sleep(0.05)
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+    with nginx_front(tmp_path_factory.mktemp("nginx"), [free_port()], client_rate_per_s=0.1, client_burst=0) as front, \
+            exporter_running(front) as url:
+        with httpx.Client(base_url=front.url, timeout=30) as c:
             codes = [c.post("/v1/couplets", json={"upper": "春回大地千山秀"}).status_code for _ in range(3)]
         assert codes == [503, 429, 429]  # no instance answers (503, not nginx's 502); then over the rate
-        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        deadline = time.monotonic() + 30
         while 'chunlian_nginx_limit_req_total{state="REJECTED"} 2.0' not in (text := httpx.get(url).text):
             assert time.monotonic() < deadline, text
             time.sleep(0.1)
         yield text
-    finally:
-        stop.set()
-        if exporter.is_alive():
-            exporter.join(10)
-        proc.terminate()
-        proc.wait(15)
 
 
 def test_the_files_use_some_metrics() -> None:

@@ -136,3 +136,34 @@ def test_nginx_refusals_are_readable_by_the_allowed_pages(tmp_path: Path) -> Non
     assert 'default "*";' in render(_cfg(tmp_path, cors_origins=("*",)))
     with pytest.raises(ConfigError, match="cors origins"):
         render(_cfg(tmp_path, cors_origins=("https://a.example/path",)))
+
+
+def test_the_campaign_page_is_cached_by_nginx_unless_off(tmp_path: Path) -> None:
+    conf = render(_cfg(tmp_path))
+    for loc in ("location = /", "location /static/"):
+        block = _block(conf, loc)
+        assert "proxy_cache chunlian_page;" in block and "proxy_cache_valid 200 60s;" in block
+        assert "expires 60s;" in block and "add_header X-Request-Id $chunlian_request_id always;" in block
+        assert "proxy_cache_use_stale error timeout updating http_502 http_503 http_504;" in block
+    assert "proxy_cache" not in _block(conf, "location /v1/couplets")  # the API never
+    assert "gzip_types text/css text/javascript application/javascript image/svg+xml;" in conf
+    off = render(_cfg(tmp_path, page_cache_s=0))
+    assert "proxy_cache off;" in _block(off, "location = /") and "expires off;" in _block(off, "location /static/")
+    with pytest.raises(ConfigError, match="page cache"):
+        render(_cfg(tmp_path, page_cache_s=-1))
+
+
+def test_a_prefix_nobody_can_reach_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from chunlian.cluster import nginx
+
+    shut = tmp_path / "shut"
+    (shut / "inside").mkdir(parents=True)
+    shut.chmod(0o700)
+    monkeypatch.setattr(nginx.os, "geteuid", lambda: 0)
+    assert nginx.page_cache_blocker(shut / "inside" / "nginx") == shut
+    shut.chmod(0o711)
+    blocker = nginx.page_cache_blocker(shut / "inside" / "nginx")
+    assert blocker is None or blocker not in (shut, shut / "inside")  # pytest's own dirs may be 0700
+    monkeypatch.setattr(nginx.os, "geteuid", lambda: 1000)
+    shut.chmod(0o700)
+    assert nginx.page_cache_blocker(shut / "inside" / "nginx") is None  # not root: workers are us

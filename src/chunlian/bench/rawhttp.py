@@ -65,14 +65,23 @@ class RawConnection:
             return f"transport:{type(e).__name__}", None
         return parse_answer(status, data)
 
-    async def _exchange(self, path: str, body: bytes) -> tuple[int, bytes]:
+    async def get(self, path: str) -> tuple[int, bytes]:
+        """``GET path``: (status, body); -1 and the error's name on a timeout or transport error."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self._exchange(path, b"", b"GET")
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+            self.close()
+            return -1, type(e).__name__.encode()
+
+    async def _exchange(self, path: str, body: bytes, method: bytes = b"POST") -> tuple[int, bytes]:
         if self.writer is not None and time.monotonic() - self.last_used > self.IDLE_REUSE_S:
             self.close()  # the server may be closing it (keep-alive timeout): don't race it
         reused = self.writer is not None
         if self.writer is None or self.reader is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port, local_addr=self.source)
         reader, writer = self.reader, self.writer
-        writer.write(b"POST " + path.encode() + b" HTTP/1.1\r\n" + self._head
+        writer.write(method + b" " + path.encode() + b" HTTP/1.1\r\n" + self._head
                      + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
@@ -82,7 +91,7 @@ class RawConnection:
             # a kept-alive connection the server closed before answering: the request was
             # not read; send it once more on a new connection
             self.close()
-            return await self._exchange(path, body)
+            return await self._exchange(path, body, method)
         lines = head.split(b"\r\n")
         status = int(lines[0].split(b" ", 2)[1])
         headers: dict[bytes, bytes] = {}

@@ -46,10 +46,10 @@ def _print_config(args: argparse.Namespace) -> int:
 
 
 def _rate_limit(args: argparse.Namespace) -> dict[str, Any]:
-    """``NginxConfig``'s per-client rate limit fields from the flags."""
+    """``NginxConfig``'s per-client rate limit fields (and the page cache's) from the flags."""
     return {"client_rate_per_s": args.client_rate, "client_burst": args.client_burst,
             "rate_limit_exempt": tuple(args.rate_limit_exempt), "trusted_proxies": tuple(args.trusted_proxy),
-            "rate_limit_dry_run": args.client_rate_dry_run}
+            "rate_limit_dry_run": args.client_rate_dry_run, "page_cache_s": args.page_cache_s}
 
 
 def _summary(d: dict[str, Any], own_prefix: bool) -> str:
@@ -188,6 +188,9 @@ def register(sub: Any) -> None:
                    help="an address or CIDR never rate limited (repeat)")
     c.add_argument("--trusted-proxy", action="append", default=[], metavar="CIDR",
                    help="a proxy or CDN address/CIDR whose X-Forwarded-For names the client (repeat)")
+    c.add_argument("--page-cache-s", type=int, default=60, metavar="S",
+                   help="seconds nginx (and browsers) keep the campaign page and its files (default 60; "
+                        "0: every visitor's requests reach an instance)")
     c.add_argument("--nginx-metrics-port", type=int, default=9113, metavar="PORT",
                    help="where nginx's own counters are served for Prometheus (its 429s, 413s, 503s and "
                         "connections: chunlian.cluster.exporter; default 9113, 0: a free port, -1: none)")

@@ -15,6 +15,7 @@ Redis is not started here: it is shared state that outlives a cluster (``--redis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import shutil
@@ -38,6 +39,7 @@ from chunlian.cluster.nginx import (
     env_origins,
     nginx_binary,
     nginx_command,
+    page_cache_blocker,
     write,
 )
 from chunlian.cluster.procs import Child, die_with_parent_of, free_port, http_status, quiet
@@ -247,10 +249,12 @@ class Cluster:
         if spec.prefix is None:
             self.prefix = Path(tempfile.mkdtemp(prefix="chunlian-cluster-"))
             self._own_prefix = True
+            if os.geteuid() == 0:  # nginx's workers (nobody) pass through to its page cache
+                os.chmod(self.prefix, 0o711)
         else:
             self.prefix = spec.prefix.resolve()
             self.prefix.mkdir(parents=True, exist_ok=True)
-        (self.prefix / "logs").mkdir(exist_ok=True)
+        (self.prefix / "logs").mkdir(mode=0o700, exist_ok=True)
 
         ports = list(spec.instance_ports)
         while len(ports) < spec.instances:
@@ -269,6 +273,11 @@ class Cluster:
             access_log=spec.access_log,
             **self._nginx_options(worker_cmd is not None),
         )
+        blocker = page_cache_blocker(self.nginx_cfg.prefix) if self.nginx_cfg.page_cache_s else None
+        if blocker is not None:
+            self.nginx_cfg = dataclasses.replace(self.nginx_cfg, page_cache_s=0)
+            self.say(f"note: the page cache is off: nginx's workers (nobody) cannot pass through {blocker} "
+                     "to reach it; give --prefix under a directory others may traverse (e.g. /var/lib)")
         write(self.nginx_cfg)
         check_config(binary, self.nginx_cfg)
 

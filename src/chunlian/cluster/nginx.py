@@ -81,6 +81,9 @@ class NginxConfig:
     rate_limit_zone_mb: int = 10  # shared state: about 16,000 client addresses a megabyte
     rate_limit_dry_run: bool = False  # log what the rate would refuse (access log limit=...), refuse nothing
     cors_origins: tuple[str, ...] = ()  # = CHUNLIAN_CORS_ORIGINS: nginx's own refusals readable by those pages
+    # seconds nginx (and browsers) keep the campaign page and its files (0: not cached, every
+    # visitor's requests reach an instance)
+    page_cache_s: int = 60
 
     @property
     def conf_path(self) -> Path:
@@ -108,6 +111,8 @@ class NginxConfig:
         if not re.fullmatch(r"auto|[1-9][0-9]*", str(self.worker_processes)):
             raise ConfigError(f"worker_processes must be 'auto' or a positive number, got {self.worker_processes!r}")
         self._validate_rate_limit()
+        if not 0 <= self.page_cache_s <= 86_400:
+            raise ConfigError(f"page cache must be 0 (off) to 86400 seconds, got {self.page_cache_s}")
         try:
             parse_origins(self.cors_origins)
         except ValueError as e:
@@ -217,6 +222,10 @@ def render(cfg: NginxConfig) -> str:
         "next_upstream_timeout_s": _secs(cfg.read_timeout_s + cfg.connect_timeout_s),
         **_rate_limit_values(cfg),
         "cors_origin_entries": _cors_entries(cfg.cors_origins),
+        "page_cache_s": cfg.page_cache_s,
+        "page_cache_state": "on" if cfg.page_cache_s else "off: page_cache_s 0",
+        "page_cache_zone": "chunlian_page" if cfg.page_cache_s else "off",
+        "page_expires": f"{cfg.page_cache_s}s" if cfg.page_cache_s else "off",
     }
     return fill(template_text(), values)
 
@@ -264,17 +273,35 @@ def _rate_limit_values(cfg: NginxConfig) -> dict[str, object]:
     }
 
 
+def page_cache_blocker(prefix: Path) -> Path | None:
+    """The directory above ``prefix`` that nginx's workers cannot pass through, when nginx
+    starts as root (its workers then run as ``nobody`` and must reach the page cache under
+    ``prefix``/tmp: a ``--prefix`` under /root, or a 0700 temporary directory); else None."""
+    if os.geteuid() != 0:
+        return None
+    for parent in prefix.resolve().parents:
+        try:
+            mode = parent.stat().st_mode
+        except OSError:
+            continue  # not made yet: write() makes the prefix, its parents get the umask's mode
+        if not mode & 0o001:
+            return parent
+    return None
+
+
 def write(cfg: NginxConfig) -> Path:
     """Create the prefix layout (logs/, tmp/) and write the config; returns its path.
 
     When nginx starts as root its workers run as ``nobody``: the prefix and tmp/ are made
-    traversable (not readable) so they can use the temp directories nginx creates there."""
+    traversable (not readable) so they can use the temp directories and the page cache nginx
+    creates there; logs/ stays the master's (its workers write through inherited files)."""
     prefix = cfg.prefix
     (prefix / "logs").mkdir(parents=True, exist_ok=True)
     (prefix / "tmp").mkdir(parents=True, exist_ok=True)
     if os.geteuid() == 0:
         os.chmod(prefix, 0o711)
         os.chmod(prefix / "tmp", 0o711)
+        os.chmod(prefix / "logs", 0o700)  # client addresses: not for every local user
     cfg.conf_path.write_text(render(cfg), encoding="utf-8")
     return cfg.conf_path
 
