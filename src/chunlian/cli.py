@@ -256,14 +256,18 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     return 1 if getattr(report, "failed", 0) else 0
 
 
-def _batches_in_flight(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of batches, got {text!r}") from None
-    if not 1 <= n <= 64:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 64, got {n}")
-    return n
+def whole_number(lo: int, hi: int, unit: str, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of ``unit`` from ``lo`` to ``hi`` (``why`` says
+    where the bound comes from), else a message naming what came."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {unit}, got {text!r}") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}{why}, got {n}")
+        return n
+    return parse
 
 
 # ---- parser ----------------------------------------------------------------------------------
@@ -393,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--file")
     w.add_argument("--api-key", default=None,
                    help="X-API-Key, needed when the service has CHUNLIAN_API_KEYS (default: $CHUNLIAN_API_KEY)")
-    w.add_argument("--batches-in-flight", type=_batches_in_flight, default=2,
+    w.add_argument("--batches-in-flight", type=whole_number(1, 64, "batches"), default=2,
                    help="batches of 256 sent at once (behind nginx: to that many instances; default 2)")
     w.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     w.set_defaults(fn=cmd_warmup)

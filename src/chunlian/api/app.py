@@ -100,13 +100,12 @@ def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
     if WEB_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
     inner: ASGIApp = PlainCoupletFastPath(app.framework, runtime=runtime)  # after the service checks
-    if settings.cors_origins:
-        inner = cors(inner, settings.cors_origins)
+    cors_layer = cors(inner, settings.cors_origins) if settings.cors_origins else None
     app.front = ServiceMiddleware(
-        inner,
+        cors_layer or inner,
         instance_id=settings.instance_id,
         body_limit=settings.body_limit_bytes,
         observe=runtime.metrics.observe_request,
-        cors_origins=settings.cors_origins,
+        refusal_headers=cors_layer.refusal_headers if cors_layer else None,
     )
     return app

@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from chunlian.api.cors import refusal_headers
 from chunlian.api.errors import BodyTooLarge, error_body, json_bytes
 
 access_log = logging.getLogger("chunlian.access")
@@ -57,14 +56,14 @@ class ServiceMiddleware:
         body_limit: int,
         observe: RequestObserver | None = None,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
-        cors_origins: tuple[str, ...] = (),
+        refusal_headers: Callable[[Scope], list[tuple[bytes, bytes]]] | None = None,
     ) -> None:
         self.app = app
         self.instance = instance_id.encode("latin-1", "replace")
         self.body_limit = body_limit
         self.observe = observe
         self.max_header_bytes = max_header_bytes
-        self.cors_origins = cors_origins  # its own refusals carry CORS headers (api.cors)
+        self.refusal_headers = refusal_headers  # CORS headers for its own refusals (api.cors)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -93,7 +92,7 @@ class ServiceMiddleware:
                 "type": "http.response.start", "status": code_status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
-                            *refusal_headers(self.cors_origins, scope)],
+                            *(self.refusal_headers(scope) if self.refusal_headers else ())],
             })
             await send_with_headers({"type": "http.response.body", "body": body})
 

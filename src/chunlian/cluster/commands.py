@@ -33,7 +33,7 @@ def worker_command() -> list[str] | None:
     return None
 
 
-def setting_default(name: str) -> Any:
+def _setting_default(name: str) -> Any:
     from chunlian.config import Settings
 
     return Settings.model_fields[name].default
@@ -52,7 +52,7 @@ def env_number(env: Mapping[str, str], name: str, cast: Callable[[str], Any]) ->
     key = f"CHUNLIAN_{name.upper()}"
     raw = env.get(key)
     if raw is None or raw == "":
-        return setting_default(name)
+        return _setting_default(name)
     try:
         return cast(raw)
     except ValueError:

@@ -73,12 +73,12 @@ class LogFollower:
     """Complete lines appended to ``path`` since the last ``lines()`` call, across rotation
     (a new file under the name) and truncation; a missing file yields nothing until it exists."""
 
-    def __init__(self, path: Path, from_start: bool = False) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
         self._file: IO[bytes] | None = None
         self._inode: int | None = None
         self._partial = b""
-        self._from_start = from_start
+        self._from_start = False  # True once the file was missing at a poll before the first open
 
     def _reopen(self, stat: os.stat_result, at_end: bool) -> None:
         if self._file is not None:

@@ -313,16 +313,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _per_job(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of items, got {text!r}") from None
-    if not 1 <= n <= MAX_JOB_ITEMS:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_JOB_ITEMS} (a job's limit), got {n}")
-    return n
-
-
 def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=os.environ.get("CHUNLIAN_URL", DEFAULT_URL),
                    help=f"the service (default: $CHUNLIAN_URL or {DEFAULT_URL})")
@@ -331,6 +321,8 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
+    from chunlian.cli import whole_number
+
     jobs = sub.add_parser("jobs", help="bulk jobs: submit a file, poll, fetch results, cancel")
     jsub = jobs.add_subparsers(dest="jobs_command", required=True)
     s = jsub.add_parser("submit", help="submit a file of upper lines (or a TSV) as one job")
@@ -342,7 +334,7 @@ def register(sub: Any) -> None:
     s.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
     s.add_argument("--poll-s", type=float, default=1.0)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.add_argument("--items-per-job", type=_per_job, default=MAX_JOB_ITEMS, metavar="N",
+    s.add_argument("--items-per-job", type=whole_number(1, MAX_JOB_ITEMS, "items", " (a job's limit)"), default=MAX_JOB_ITEMS, metavar="N",
                    help=f"a longer file is submitted as several jobs of N items (default and most {MAX_JOB_ITEMS}, "
                         "a job's limit); without --wait one line is printed a job")
     _client_flags(s)
