@@ -7,6 +7,7 @@ them to HTTP status codes in ``chunlian.api`` and nowhere else::
     ├── InvalidInput          bad user input (422); carries the offending ``field``
     ├── ConfigError           settings that failed validation at start-up
     ├── ModelError            weights missing or incompatible, generation failed
+    ├── NotReady              the service is still loading or warming up (503)
     └── EngineError           the engine could not serve the request
         ├── Overloaded        queue full (429); carries ``retry_after_s``
         ├── DeadlineExceeded  the request's deadline passed, queue time included (504)
@@ -44,6 +45,12 @@ class ModelError(ChunlianError):
     """The model could not be loaded or failed while generating."""
 
     code = "model_error"
+
+
+class NotReady(ChunlianError):
+    """The service is still loading the model or warming up (503)."""
+
+    code = "not_ready"
 
 
 class EngineError(ChunlianError):

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 
 from chunlian.data.blocklist import Blocklist
 from chunlian.engine.request import SeqOutput, expand, simplified_request
+from chunlian.engine.rerank import build_result
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ChunlianError, InvalidInput
 from chunlian.model.checkpoint import LoadedModel, load_weights
-from chunlian.model.rerank import build_result
 from chunlian.model.styles import STYLES
-from chunlian.text import validate_heads, validate_keyword, validate_upper
+from chunlian.text import validate_upper
 from chunlian.types import CoupletRequest, CoupletResult, DecodeParams
+from chunlian.validation import validate_heads, validate_keyword
 
 if TYPE_CHECKING:
     from chunlian.model.beam import BeamSearcher

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from chunlian.rules import ends_ping, no_shared_char, repeat_pattern_ok
 from chunlian.text import punct_positions, tone_class
 
 
@@ -64,8 +65,6 @@ def traditional(line: str, keep: dict[int, str] | None = None) -> str:
 def rules_hold(upper: str, lower: str, ping_ending: bool) -> bool:
     """The hard couplet rules between two lines as the user will read them (the checks
     ``chunlian eval`` scores, plus punctuation at the same positions)."""
-    from chunlian.training.evaluate import ends_ping, no_shared_char, repeat_pattern_ok
-
     return (repeat_pattern_ok(upper, lower) and punct_positions(upper) == punct_positions(lower)
             and no_shared_char(upper, lower) and (not ping_ending or ends_ping(lower)))
 

@@ -7,7 +7,6 @@ punctuation. Everything here is pure Python and cheap: it runs on every request.
 from __future__ import annotations
 
 import re
-import unicodedata
 from functools import lru_cache
 
 from chunlian.errors import InvalidInput
@@ -107,57 +106,6 @@ def tone_class(ch: str) -> str:
     if tone in ("3", "4"):
         return "ze"
     return ""
-
-
-def is_printable_text(s: str) -> bool:
-    """False when a string holds control characters or lone surrogates."""
-    for ch in s:
-        cat = unicodedata.category(ch)
-        if cat in ("Cc", "Cs", "Co", "Cn"):
-            return False
-    return True
-
-
-def _han_only(raw: object, field: str, most: int) -> str:
-    if not isinstance(raw, str):
-        raise InvalidInput(f"{field} must be a string", field)
-    text = normalize(raw)
-    if not text:
-        raise InvalidInput(f"{field} is empty", field)
-    if len(text) > most:
-        raise InvalidInput(f"{field} is too long: {len(text)} characters, at most {most}", field)
-    if not all(is_han(ch) for ch in text):
-        raise InvalidInput(f"{field} must be Chinese characters only", field)
-    from chunlian.data.blocklist import default_blocklist
-    from chunlian.script import simplified
-
-    # the list is in simplified characters; a name typed in traditional ones is checked as
-    # the model will write it (chunlian.script)
-    if default_blocklist().find(text) or default_blocklist().find(simplified(text)):
-        raise InvalidInput(f"{field} contains a term we do not write", field)
-    return text
-
-
-def validate_heads(raw: object) -> str:
-    """One or two distinct head characters for a 藏头 couplet (a name)."""
-    from chunlian.script import simplified
-
-    heads = _han_only(raw, "heads", 2)
-    if len(heads) == 2 and simplified(heads[0]) == simplified(heads[1]):  # 後 / 后: one character
-        # the 下联 may not repeat a character of the 上联
-        raise InvalidInput("heads must be two different characters", "heads")
-    return heads
-
-
-def validate_keyword(raw: object, length: int) -> str:
-    """A theme keyword of 1-4 characters that the 上联 opens with, shorter than the line."""
-    keyword = _han_only(raw, "keyword", 4)
-    if len(keyword) >= length:
-        raise InvalidInput(
-            f"keyword must be shorter than the line length {length}, got {len(keyword)} characters",
-            "keyword",
-        )
-    return keyword
 
 
 @lru_cache(maxsize=16384)

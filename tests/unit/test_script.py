@@ -8,8 +8,8 @@ import pytest
 from chunlian.errors import InvalidInput
 from chunlian.offline import OfflineGenerator
 from chunlian.script import converted_couplet, is_traditional, rules_hold, simplified, traditional
-from chunlian.text import validate_heads
 from chunlian.types import CoupletRequest, DecodeParams
+from chunlian.validation import validate_heads
 
 
 def test_conversion_both_ways() -> None:

@@ -31,8 +31,10 @@ from chunlian.errors import (
     DeadlineExceeded,
     EngineStopped,
     InvalidInput,
+    NotReady,
     Overloaded,
 )
+from chunlian.validation import validation_detail
 
 log = logging.getLogger("chunlian.api")
 
@@ -40,12 +42,6 @@ _HTTP_CODES = {
     400: "invalid_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
     415: "unsupported_media_type", 431: "headers_too_large",
 }
-
-
-class NotReady(ChunlianError):
-    """The service is still loading the model or warming up."""
-
-    code = "not_ready"
 
 
 class ClientGone(Cancelled):
@@ -122,28 +118,6 @@ def chunlian_error_response(err: ChunlianError) -> Response:
     status, headers = status_of(err)
     code, message, field = describe(err)
     return error_response(status, code, message, field, headers)
-
-
-def validation_detail(errors: list[Any]) -> tuple[str, str, str | None]:
-    """(code, message, field) for the first of pydantic's / FastAPI's validation errors."""
-    if not errors:
-        return "invalid_input", "invalid request", None
-    err = errors[0]
-    loc = [str(x) for x in err.get("loc", ())]
-    if loc and loc[0] == "body":
-        loc = loc[1:]
-    if err.get("type") == "json_invalid":
-        reason = (err.get("ctx") or {}).get("error", "")
-        return "invalid_json", f"request body is not valid JSON: {reason}".rstrip(": "), None
-    if not loc:
-        if err.get("type") == "missing":
-            return "invalid_input", "a JSON request body is required", None
-        return "invalid_input", "request body must be a JSON object", None
-    field = ".".join(loc)
-    msg = str(err.get("msg", "invalid value"))
-    if err.get("type") == "missing":
-        msg = "field required"
-    return "invalid_input", f"{field}: {msg}", field
 
 
 async def _on_chunlian_error(request: Request, exc: Exception) -> Response:

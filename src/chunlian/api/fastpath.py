@@ -26,10 +26,10 @@ from chunlian.api.errors import chunlian_error_logged as on_chunlian_error
 from chunlian.api.errors import json_bytes
 from chunlian.api.routes import couplet_json, generate_for_client
 from chunlian.api.runtime import Runtime
-from chunlian.api.schemas import CoupletIn
 from chunlian.api.service import Answer
 from chunlian.errors import ChunlianError, InvalidInput
 from chunlian.types import CoupletRequest
+from chunlian.validation import CoupletIn
 
 PATH = "/v1/couplets"
 _ROUTE = SimpleNamespace(path=PATH)  # the metrics' endpoint label, as the router would set it

@@ -23,28 +23,18 @@ from starlette.types import Receive
 from chunlian.api.auth import KEY_NEEDED, require_api_key
 from chunlian.api.errors import (
     ClientGone,
-    NotReady,
     describe,
     error_body,
     error_response,
     json_bytes,
     retry_after_header,
-    validation_detail,
 )
 from chunlian.api.runtime import Runtime
-from chunlian.api.schemas import (
-    BatchIn,
-    BatchOut,
-    ComposeIn,
-    CoupletIn,
-    CoupletOut,
-    ErrorOut,
-    HealthOut,
-    parse_item,
-)
+from chunlian.api.schemas import BatchIn, BatchOut, CoupletOut, ErrorOut, HealthOut
 from chunlian.api.service import Answer, CoupletService
-from chunlian.errors import Cancelled, ChunlianError
+from chunlian.errors import Cancelled, ChunlianError, NotReady
 from chunlian.types import Couplet, CoupletRequest
+from chunlian.validation import ComposeIn, CoupletIn, parse_item, validation_detail
 
 WEB_DIR = Path(__file__).resolve().parent / "web"
 

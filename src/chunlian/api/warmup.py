@@ -22,12 +22,12 @@ from typing import Any
 import httpx
 
 from chunlian.api.auth import API_KEY_HEADER
-from chunlian.api.schemas import MAX_BATCH_ITEMS, ComposeIn, CoupletIn
 from chunlian.api.service import CoupletService
 from chunlian.errors import ChunlianError, InvalidInput
 from chunlian.retry import MAX_RETRIES, RETRY_ITEM_CODES, RETRY_STATUSES, retry_after_s
 from chunlian.text import han_count, normalize
 from chunlian.types import CoupletRequest
+from chunlian.validation import MAX_BATCH_ITEMS, ComposeIn, CoupletIn
 
 log = logging.getLogger("chunlian.warmup")
 

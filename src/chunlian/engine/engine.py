@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from chunlian.config import Settings
 from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import SeqOutput, SeqSpec, expand
+from chunlian.engine.rerank import build_result
 from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
 from chunlian.errors import (
     Cancelled,
@@ -37,7 +38,6 @@ from chunlian.errors import (
     ModelError,
     Overloaded,
 )
-from chunlian.model.rerank import build_result
 from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
 
 RATE_WINDOW_S = 10  # drain and rejection rates are measured over this many seconds

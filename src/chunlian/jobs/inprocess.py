@@ -29,8 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from chunlian.api.errors import NotReady
-from chunlian.errors import ChunlianError, InvalidInput, Overloaded
+from chunlian.errors import ChunlianError, InvalidInput, NotReady, Overloaded
 from chunlian.jobs.items import CANCELLED_ENTRY, Spec, done_entry, failed_entry, request_of
 from chunlian.jobs.quality import QUALITY_SUB_BATCH, is_quality
 from chunlian.jobs.store import JobState, MemoryJobStore

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from chunlian.errors import InvalidInput
 from chunlian.types import CoupletRequest, CoupletResult, DecodeParams
+from chunlian.validation import parse_item, validation_detail
 
 MAX_JOB_ITEMS = 10_000
 Spec = dict[str, Any]
@@ -45,10 +46,6 @@ def validate_items(raw: list[Any], quality: bool = False) -> list[Spec]:
     """Specs for every item; raises ``InvalidInput`` naming the first bad one. ``quality``:
     every item is to be answered in the offline quality mode (``jobs.quality``), which only
     a 上联 with ``n`` = 1 and no seed can be."""
-    from chunlian.api.errors import validation_detail
-    from chunlian.api.schemas import parse_item
-    from chunlian.jobs.quality import check_quality_item
-
     if not raw:
         raise InvalidInput("items must hold at least one item", "items")
     if len(raw) > MAX_JOB_ITEMS:
@@ -68,6 +65,17 @@ def validate_items(raw: list[Any], quality: bool = False) -> list[Spec]:
             spec["quality"] = True
         specs.append(spec)
     return specs
+
+
+def check_quality_item(spec: Spec, index: int) -> None:
+    """Raise ``InvalidInput`` (naming ``items.<index>``) unless the quality mode can answer
+    this item: a 上联 with ``n`` = 1 and no seed."""
+    if "upper" not in spec:
+        raise InvalidInput(f"items.{index}: quality mode writes the 下联 of a 上联; a compose item "
+                           "(heads or keyword) has none: submit it in a job without quality", f"items.{index}")
+    if spec.get("n", 1) != 1 or spec.get("seed") is not None:
+        raise InvalidInput(f"items.{index}: quality mode searches for the one best 下联: n must be 1 "
+                           "and seed unset", f"items.{index}")
 
 
 def spec_of(req: CoupletRequest) -> Spec:

@@ -36,7 +36,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from chunlian.errors import ChunlianError, InvalidInput
+from chunlian.errors import ChunlianError
 from chunlian.jobs.items import Spec, request_of
 from chunlian.types import CoupletResult
 
@@ -50,17 +50,6 @@ Answer = CoupletResult | ChunlianError
 def is_quality(spec: Spec) -> bool:
     """Whether an item is to be answered in the quality mode."""
     return spec.get("quality") is True
-
-
-def check_quality_item(spec: Spec, index: int) -> None:
-    """Raise ``InvalidInput`` (naming ``items.<index>``) unless the quality mode can answer
-    this item: a 上联 with ``n`` = 1 and no seed."""
-    if "upper" not in spec:
-        raise InvalidInput(f"items.{index}: quality mode writes the 下联 of a 上联; a compose item "
-                           "(heads or keyword) has none: submit it in a job without quality", f"items.{index}")
-    if spec.get("n", 1) != 1 or spec.get("seed") is not None:
-        raise InvalidInput(f"items.{index}: quality mode searches for the one best 下联: n must be 1 "
-                           "and seed unset", f"items.{index}")
 
 
 class QualityModel:

@@ -41,7 +41,15 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from chunlian.text import checked_positions, is_han, tone_class
+from chunlian.rules import (
+    ends_ping,
+    last_han,
+    no_same_position_copy,
+    no_shared_char,
+    pingze_share,
+    repeat_pattern_ok,
+)
+from chunlian.text import is_han, tone_class
 
 if TYPE_CHECKING:
     from chunlian.model.hengpi import HengpiSelector
@@ -50,53 +58,6 @@ METRIC_KEYS: tuple[str, ...] = (
     "pairs", "bleu4", "bleu1", "length_ok", "repeat_pattern_ok", "no_same_position_copy",
     "no_shared_char", "ends_ping", "ends_ping_when_upper_ze", "pingze_opposition",
 )
-
-
-def _last_han(line: str) -> str:
-    for ch in reversed(line):
-        if is_han(ch):
-            return ch
-    return ""
-
-
-def repeat_pattern_ok(upper: str, lower: str) -> bool:
-    """For all i < j: (上[i]==上[j]) == (下[i]==下[j]); False when lengths differ."""
-    if len(upper) != len(lower):
-        return False
-    n = len(upper)
-    return all(
-        (upper[i] == upper[j]) == (lower[i] == lower[j]) for i in range(n) for j in range(i + 1, n)
-    )
-
-
-def no_same_position_copy(upper: str, lower: str) -> bool:
-    """No Han character equal at the same position."""
-    return not any(a == b and is_han(a) for a, b in zip(upper, lower, strict=False))
-
-
-def no_shared_char(upper: str, lower: str) -> bool:
-    """The lines share no Han character."""
-    return not ({c for c in upper if is_han(c)} & {c for c in lower if is_han(c)})
-
-
-def ends_ping(line: str) -> bool:
-    """The line's last Han character is 平 (tones 1-2)."""
-    return tone_class(_last_han(line)) == "ping"
-
-
-def pingze_share(upper: str, lower: str) -> float | None:
-    """Share of the 上联's checked positions whose 平仄 the 下联 opposes; None if none count."""
-    checked = 0
-    opposed = 0
-    for p in checked_positions(upper):
-        if p >= len(lower):
-            continue
-        a, b = tone_class(upper[p]), tone_class(lower[p])
-        if not a or not b:
-            continue
-        checked += 1
-        opposed += a != b
-    return opposed / checked if checked else None
 
 
 def _rate(flags: Sequence[bool]) -> float:
@@ -119,7 +80,7 @@ def compute_metrics(uppers: list[str], hyps: list[str], refs: list[str]) -> dict
     if n == 0:
         return dict.fromkeys(METRIC_KEYS, 0.0)
     pairs = list(zip(uppers, hyps, strict=True))
-    ze_pairs = [(u, h) for u, h in pairs if tone_class(_last_han(u)) == "ze"]
+    ze_pairs = [(u, h) for u, h in pairs if tone_class(last_han(u)) == "ze"]
     shares = [s for u, h in pairs if (s := pingze_share(u, h)) is not None]
     return {
         "pairs": float(n),
