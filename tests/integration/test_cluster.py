@@ -263,6 +263,9 @@ def test_rendered_config_has_the_contract(tmp_path: Path) -> None:
     conf = render(cfg)
     assert "least_conn;" in conf and re.search(r"\n\s+keepalive \d+;", conf)
     assert "server 127.0.0.1:9001 max_fails=" in conf and "server 10.1.2.3:8000 max_fails=" in conf
+    # each also a backup never marked failed: the upstream as a whole is never "down"
+    assert "server 127.0.0.1:9001 backup max_fails=0;" in conf and "server 10.1.2.3:8000 backup max_fails=0;" in conf
+    assert "proxy_next_upstream_tries 4;" in conf  # every instance as a primary and as a backup
     assert "client_max_body_size 8192;" in conf
     assert "proxy_read_timeout 35s;" in conf  # the service's deadline plus a margin
     assert "$http_x_request_id" in conf and "proxy_set_header X-Request-Id $chunlian_request_id;" in conf

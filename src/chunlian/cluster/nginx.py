@@ -6,7 +6,9 @@ only fills in ``{{name}}`` placeholders from an ``NginxConfig``. A deployment ch
 parameters, never the rendered file, so what runs is always what was tested.
 
 What the rendered config does (see the template's comments):
-* one ``upstream`` of N instances, ``least_conn``, with idle keep-alive connections;
+* one ``upstream`` of N instances, ``least_conn``, with idle keep-alive connections; each
+  instance is listed twice: as a primary that a failure takes out for ``fail_timeout_s``, and
+  as a backup that is never taken out, so the upstream as a whole is never "down";
 * proxy timeouts that leave room for the service's own deadline (the service answers 504
   itself; nginx gives up ``deadline_margin_s`` later, only on a hung instance);
 * ``client_max_body_size`` = the service's body limit (413 in the service's error shape);
@@ -192,8 +194,9 @@ def render(cfg: NginxConfig) -> str:
     cfg.validate()
     user = cfg.user if cfg.user is not None else default_user()
     servers = "\n".join(
-        f"        server {up} max_fails={cfg.max_fails} fail_timeout={cfg.fail_timeout_s}s;"
-        for up in cfg.upstreams
+        [f"        server {up} max_fails={cfg.max_fails} fail_timeout={cfg.fail_timeout_s}s;"
+         for up in cfg.upstreams]
+        + [f"        server {up} backup max_fails=0;" for up in cfg.upstreams]
     )
     prefix = str(cfg.prefix.resolve())
     values: dict[str, object] = {
@@ -210,6 +213,7 @@ def render(cfg: NginxConfig) -> str:
         "client_body_buffer_size": min(cfg.body_limit_bytes, 1_048_576),
         "access_log": f"{prefix}/logs/access.log chunlian" if cfg.access_log else "off",
         "upstream_servers": servers,
+        "fail_timeout_s": cfg.fail_timeout_s,
         "upstream_keepalive": cfg.upstream_keepalive,
         "listen": cfg.listen,
         "listen_options": f" {cfg.listen_options}" if cfg.listen_options else "",
@@ -218,7 +222,8 @@ def render(cfg: NginxConfig) -> str:
         "connect_timeout_s": _secs(cfg.connect_timeout_s),
         "send_timeout_s": _secs(cfg.send_timeout_s),
         "read_timeout_s": _secs(cfg.read_timeout_s),
-        "next_upstream_tries": min(len(cfg.upstreams), 4),
+        # each instance once as a primary and once as a backup (the template says why)
+        "next_upstream_tries": min(2 * len(cfg.upstreams), 8),
         "next_upstream_timeout_s": _secs(cfg.read_timeout_s + cfg.connect_timeout_s),
         **_rate_limit_values(cfg),
         "cors_origin_entries": _cors_entries(cfg.cors_origins),
