@@ -94,6 +94,10 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
     max_queue_size: int = Field(1024, ge=1, le=1_000_000)
     default_timeout_ms: int = Field(10_000, ge=10, le=600_000)
+    # on SIGTERM, how long requests in flight may take to finish (api.drain); nginx lets a
+    # request ask for up to 30 s by default: Kubernetes' terminationGracePeriodSeconds
+    # (deploy/k8s) leaves room above it
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600)
     # identical requests in flight share one generation (their answers would be the same);
     # false only for a baseline without it (``chunlian bench compare``'s "before")
     coalesce: bool = True

@@ -298,6 +298,41 @@ def test_sigkilled_worker_mid_job_every_item_exactly_once(
     assert {i for i, n in tries.items() if n == 1} == set(range(200)) - set(range(10, 20))
 
 
+def test_sigterm_drains_the_worker_in_celerys_way(
+    api: httpx.Client, rds: redis.Redis, weights: Path, log_dir: Path
+) -> None:
+    """SIGTERM to the worker's main process (what an orchestrator sends to a container's
+    PID 1) is Celery's warm shutdown: it takes no new chunk, finishes the one it runs, and
+    exits 0; the chunks it never started stay queued for the next worker, so every item runs
+    exactly once."""
+    lines = uppers(100)  # two chunks of 50
+    env = {"CHUNLIAN_TEST_DELAY_S": "0.4"}  # a chunk's 5 sub-batches take a few seconds
+    first = Worker(weights, log_dir, **env)
+    second = Worker(weights, log_dir)
+    try:
+        job_id = submit(api, [{"upper": u} for u in lines])
+        first.start()
+        wait_until(lambda: job(api, job_id)["progress"]["done"] >= 10, 300, "the first sub-batch")
+        assert first.proc is not None
+        t0 = time.monotonic()
+        first.proc.send_signal(signal.SIGTERM)  # the main process only, as `podman stop` does
+        code = first.proc.wait(timeout=90)
+        drain_s = time.monotonic() - t0
+        done_at_exit = job(api, job_id)["progress"]["done"]
+        second.start()
+        body = wait_until(lambda: finished(api, job_id), 600, "the job after the drain", every_s=1.0)
+    finally:
+        first.kill()
+        second.stop()
+    assert code == 0, first.log()[-3000:]
+    assert done_at_exit == 50  # the chunk in flight finished; the other was left queued
+    assert "warm shutdown" in first.log().lower()
+    assert body["progress"] == {"done": 100, "failed": 0, "cancelled": 0, "total": 100}
+    _, n_results, tries = store_counts(rds, job_id)
+    assert n_results == 100 and set(tries.values()) == {1}  # nothing ran twice
+    print(f"\nworker drain: SIGTERM mid-chunk, the chunk's 50 items finished, exit 0 after {drain_s:.2f} s")
+
+
 def test_poison_item_fails_alone_after_its_retries(
     api: httpx.Client, rds: redis.Redis, weights: Path, log_dir: Path
 ) -> None:

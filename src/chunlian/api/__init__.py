@@ -26,7 +26,8 @@ def configure_logging(level: str) -> None:
 
 
 def serve(settings: Settings) -> None:
-    """Run the service in this process (one uvicorn worker) until SIGINT/SIGTERM.
+    """Run the service in this process (one uvicorn worker) until SIGTERM/SIGINT, which
+    drain it (``api.drain``) before it exits 0.
 
     Raises ``SystemExit(3)`` when start-up fails (e.g. the model cannot be loaded).
     """
@@ -37,8 +38,11 @@ def serve(settings: Settings) -> None:
     # before the engine imports torch; alone on its cores unless told (chunlian.omp says why)
     set_spin_wait(settings.omp_spin, shared=False)
     configure_logging(settings.log_level)
+    from chunlian.api.drain import DrainingServer
+
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         workers=1,
@@ -46,10 +50,11 @@ def serve(settings: Settings) -> None:
         log_level=settings.log_level.lower(),
         access_log=False,  # the service middleware logs each request with its request id
         server_header=False,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=5,  # after the drain (api.drain) nothing is left to wait for
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
-    server = uvicorn.Server(config)
+    runtime = app.state.runtime
+    server = DrainingServer(config, runtime.drain, runtime.begin_drain, settings.drain_timeout_s)
     server.run()
     if not server.started:
         raise SystemExit(3)

@@ -107,5 +107,6 @@ def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
         body_limit=settings.body_limit_bytes,
         observe=runtime.metrics.observe_request,
         refusal_headers=cors_layer.refusal_headers if cors_layer else None,
+        drain=runtime.drain,
     )
     return app

@@ -6,7 +6,7 @@
 | unparseable JSON | 422 | ``invalid_json`` |
 | ``Overloaded`` | 429 + ``Retry-After`` (whole seconds, >= 1) | ``overloaded`` |
 | ``DeadlineExceeded`` | 504 | ``deadline_exceeded`` |
-| ``EngineStopped``, ``Cancelled``, not ready | 503 | ``engine_stopped`` / ``cancelled`` / ``not_ready`` |
+| ``EngineStopped``, ``Cancelled``, not ready, draining | 503 | ``engine_stopped`` / ``cancelled`` / ``not_ready`` / ``shutting_down`` |
 | the client went away | 499 (never seen; for logs and metrics) | ``client_closed_request`` |
 | body over the limit | 413 | ``body_too_large`` |
 | anything else | 500 | ``internal`` (no detail: never a trace or a path) |

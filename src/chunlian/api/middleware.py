@@ -7,6 +7,9 @@ For every HTTP request it:
 * rejects headers over ``max_header_bytes`` (431) and bodies over ``body_limit`` (413):
   at once when ``Content-Length`` says so, else as soon as the streamed body passes it,
   without reading the rest;
+* while the instance drains (``api.drain``): refuses new ``/v1/`` requests with 503
+  ``shutting_down`` and ``Retry-After``, closes connections after each answer, and counts
+  the requests it is still answering;
 * turns an unexpected exception into a 500 in the shared error shape (the trace goes to
   the log, never to the client);
 * records request count and latency by endpoint (the route's path template) and writes
@@ -23,6 +26,7 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from chunlian.api.drain import Drain
 from chunlian.api.errors import BodyTooLarge, error_body, json_bytes
 
 access_log = logging.getLogger("chunlian.access")
@@ -57,6 +61,7 @@ class ServiceMiddleware:
         observe: RequestObserver | None = None,
         max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
         refusal_headers: Callable[[Scope], list[tuple[bytes, bytes]]] | None = None,
+        drain: Drain | None = None,
     ) -> None:
         self.app = app
         self.instance = instance_id.encode("latin-1", "replace")
@@ -64,6 +69,7 @@ class ServiceMiddleware:
         self.observe = observe
         self.max_header_bytes = max_header_bytes
         self.refusal_headers = refusal_headers  # CORS headers for its own refusals (api.cors)
+        self.drain = drain or Drain()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -86,21 +92,31 @@ class ServiceMiddleware:
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             await send(message)
 
-        async def reply_error(code_status: int, code: str, message: str) -> None:
+        async def reply_error(code_status: int, code: str, message: str,
+                              headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
             body = json_bytes(error_body(code, message))
             await send_with_headers({
                 "type": "http.response.start", "status": code_status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode()),
+                            (b"content-length", str(len(body)).encode()), *headers,
                             *(self.refusal_headers(scope) if self.refusal_headers else ())],
             })
             await send_with_headers({"type": "http.response.body", "body": body})
 
+        drain = self.drain
+        counted = False
         try:
+            if drain.draining:
+                extra.append((b"connection", b"close"))  # keep-alive connections wind down
             refusal = self._refuse_early(scope)
             if refusal is not None:
                 await reply_error(*refusal)
+            elif drain.refuses(str(scope.get("path", ""))):
+                await reply_error(503, "shutting_down", "this instance is shutting down; retry shortly "
+                                  "(another instance answers)", ((b"retry-after", b"1"),))
             else:
+                drain.in_flight += 1
+                counted = True
                 await self.app(scope, self._limited(receive), send_with_headers)
         except BodyTooLarge:
             if not started:
@@ -111,6 +127,8 @@ class ServiceMiddleware:
             if not started:
                 await reply_error(500, "internal", "the server failed to answer this request")
         finally:
+            if counted:
+                drain.in_flight -= 1
             elapsed = time.perf_counter() - start
             endpoint = endpoint_label(scope)
             if self.observe is not None:

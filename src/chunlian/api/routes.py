@@ -184,8 +184,12 @@ async def healthz(request: Request) -> Response:
 
 @router.get("/readyz", response_model=HealthOut, responses={503: {"model": ErrorOut}}, tags=["operations"])
 async def readyz(request: Request) -> Response:
-    """Readiness: 200 once the model is loaded and warm-up is done, 503 before."""
+    """Readiness: 200 once the model is loaded and warm-up is done; 503 before, and from
+    the moment the instance starts draining (SIGTERM)."""
     rt = _runtime(request)
+    if rt.drain.draining:
+        return error_response(503, "shutting_down", "this instance is shutting down",
+                              headers=retry_after_header(1.0))
     if rt.serving:
         return json_response({"status": "ready", "instance": rt.settings.instance_id, "model": rt.model_tag})
     if rt.failed:

@@ -5,7 +5,8 @@ Start-up, in the app's lifespan:
    given; a missing or broken model fails start-up with its message.
 2. ``bring_up()`` (in the background, the port open, ``/readyz`` 503): start the engine,
    check Redis, run the warm-up, then mark the instance ready.
-Shut-down: not ready, stop the warm-up, stop the engine (pending requests fail with
+Drain (``api.drain``, on SIGTERM): ``begin_drain()`` fails readiness while the requests in
+flight finish. Shut-down: not ready, stop the warm-up, stop the engine (pending requests fail with
 ``EngineStopped``), close the cache.
 """
 
@@ -17,6 +18,7 @@ import gc
 import logging
 import time
 
+from chunlian.api.drain import Drain
 from chunlian.api.metrics import ServiceMetrics
 from chunlian.api.service import CoupletService, EngineLike
 from chunlian.api.warmup import warm_local
@@ -53,6 +55,7 @@ class Runtime:
         self.engine: EngineLike | None = engine
         self.service: CoupletService | None = None
         self.ready = False
+        self.drain = Drain()
         self.failed: str | None = None
         self._bring_up: asyncio.Task[None] | None = None
         self._started = False
@@ -71,6 +74,12 @@ class Runtime:
         """Flip readiness (and its gauge)."""
         self.ready = ready
         self.metrics.ready.set(1 if ready else 0)
+
+    def begin_drain(self) -> None:
+        """Readiness fails from now on (and its gauge says 0); requests already in flight
+        still find the service (``serving`` is unchanged)."""
+        self.drain.begin()
+        self.metrics.ready.set(0)
 
     async def load(self) -> None:
         """Build the engine from the settings when none was given (off the event loop)."""
@@ -112,6 +121,8 @@ class Runtime:
             log.exception("start-up failed; the instance stays not ready")
             return
         self.set_ready(True)
+        if self.drain.draining:
+            self.metrics.ready.set(0)
         log.info("ready: model %s, instance %s", self.model_tag, self.settings.instance_id)
 
     async def wait_ready(self) -> None:
