@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Install what the container tests need, from Debian packages, and configure podman for
+# this kind of host; idempotent and quiet when everything is in place.
+#
+#   podman, runc, mmdebstrap    build the base image from Debian packages and run the image
+#   docker-compose              `docker-compose config -q` on deploy/compose (no daemon needed)
+#   uidmap, fuse-overlayfs      podman's storage and user-namespace helpers
+#
+# /etc/containers/containers.conf gets the settings podman needs here (runc, cgroupfs, ulimits
+# that fit this kernel's limits); an existing file with other content is kept aside as
+# containers.conf.orig once. No service is started.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "install-containers.sh: need root (or sudo) to install podman" >&2; exit 1
+  fi
+fi
+
+need=()
+for pair in podman:podman runc:runc mmdebstrap:mmdebstrap docker-compose:docker-compose \
+            newuidmap:uidmap fuse-overlayfs:fuse-overlayfs; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair##*:}")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "install-containers.sh: installing ${need[*]}" >&2
+  policy=/usr/sbin/policy-rc.d
+  placed=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+    $SUDO chmod 755 "$policy"
+    placed=1
+  fi
+  cleanup() { if [ "$placed" -eq 1 ]; then $SUDO rm -f "$policy"; fi; }
+  trap cleanup EXIT
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+conf=/etc/containers/containers.conf
+want='# Written by chunlian scripts/install-containers.sh: podman on this host uses runc with
+# cgroupfs (no systemd here), and ulimits within the kernel'"'"'s hard limits.
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+'
+if [ "$(cat "$conf" 2>/dev/null || true)" != "$(printf '%s' "$want")" ]; then
+  $SUDO mkdir -p /etc/containers
+  if [ -s "$conf" ] && ! grep -q 'chunlian scripts/install-containers.sh' "$conf" && [ ! -e "$conf.orig" ]; then
+    $SUDO cp "$conf" "$conf.orig"
+  fi
+  printf '%s' "$want" | $SUDO tee "$conf" >/dev/null
+fi
