@@ -1,7 +1,7 @@
 """Choose the channel-rerank weight (``model.channel``): BLEU and rule rates against it.
 
     python benchmarks/channel_sweep.py --data runs/data/train.tsv --pairs 500 --beam 8 \\
-        --weights 0 0.25 0.5 0.75 1 1.5 2 --out docs/channel_sweep_train.json
+        --weights 0 0.25 0.5 0.75 1 1.5 2 --out runs/channel_sweep_train.json
 
 The beam's candidates and their channel scores are computed once; each weight then only
 re-picks among them, so the sweep costs one beam search and one scoring pass. Choose the

@@ -9,8 +9,8 @@ scored by BLEU-4 and 平仄 opposition over the greedy answers:
   penalises the generic characters a greedy decoder over-uses.
 
 Choose on half a (``--half a``, the same seeded halves as ``benchmarks/channel_sweep.py``),
-report half b. Nineteenth session: no cell beat the shipped setting beyond the noise
-(``docs/benchmarks.md``), so nothing was changed.
+report half b. On the shipped weights no cell beats the shipped setting beyond the noise
+(``docs/performance.md``), so the service keeps it.
 
     python benchmarks/greedy_bias_sweep.py --half a --grid 2:0 2:0.1 2:0.2 2:0.3 1:0 1.5:0 2.5:0
 """

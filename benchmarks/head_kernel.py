@@ -14,7 +14,7 @@ prints one JSON object:
   passes, where the head runs at 32 to ~1,000 rows) on those lines, each head, answers compared.
 
 The PyTorch side is the same loaded model with ``lm_head = None`` (the tied embedding
-through ``F.linear``, as before the fifteenth session).
+through ``F.linear``, PyTorch's own kernel).
 """
 
 from __future__ import annotations

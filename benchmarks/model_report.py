@@ -1,6 +1,6 @@
 """Everything the model issue asks to be measured, in one run, as JSON.
 
-    python benchmarks/model_report.py --val runs/data/val.tsv --out docs/model_report.json
+    python benchmarks/model_report.py --val runs/data/val.tsv --out runs/model_report.json
 
 * ``eval``: every ``chunlian eval`` key on the validation split, with the random-real and
   gold baselines (the same code path as ``chunlian eval --baselines``);

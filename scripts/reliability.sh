@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The long reliability scenarios of issue 9 (overload with 2,000 connections for 60 s, Redis
+# The long reliability scenarios (overload with 2,000 connections for 60 s, Redis
 # stopped for 10 s, a Celery worker SIGKILLed and the broker restarted mid-job, an instance
 # killed behind nginx, client faults, >= 1,000 schemathesis requests, security basics),
-# bounded to 10 minutes in all; rewrites docs/reliability.md with the table.
+# bounded to 10 minutes in all; writes the table to runs/reliability.md (git-ignored; --out elsewhere).
 #   scripts/reliability.sh                  # the whole run
 #   scripts/reliability.sh --only overload  # some scenarios (the table then holds only those)
 #   scripts/reliability.sh --scale quick    # a few-minute smoke run of the runner itself

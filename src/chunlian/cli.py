@@ -303,7 +303,7 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
     p.add_argument("--matmul", default="float32", choices=MATMUL_CHOICES,
-                   help="linear layers' precision (int8: any x86 CPU; float16: fp16 weights, faster small batches where memory is slow; auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
+                   help="linear layers' precision (int8: any x86 CPU; float16: fp16 weights, faster small batches where memory is slow; auto: bf16 on a CPU with AMX; docs/performance.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -54,17 +54,23 @@ LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 class Settings(BaseSettings):
     """Service settings; every field maps to ``CHUNLIAN_<NAME>`` (case-insensitive)."""
 
-    model_config = SettingsConfigDict(env_prefix="CHUNLIAN_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="CHUNLIAN_", extra="ignore", frozen=True,
+                                      use_attribute_docstrings=True)  # the reference's descriptions
 
     host: str = "127.0.0.1"
+    """Address to listen on."""
     port: int = Field(8000, ge=0, le=65535)
+    """TCP port to listen on."""
     model_path: Path | None = None  # None: the weights shipped in the package
+    """Weights to serve: a `.safetensors` file written by `chunlian train`; unset: the shipped weights."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
+    """Where the model runs: `cpu`, `cuda`, or `auto` (cuda when available)."""
     # 0 = auto: the machine's cores, at most 4 (a 4 M-parameter model gains little beyond);
     # with engine replicas, each gets cores // replicas (resolved_replica_threads). They
     # belong to the engine thread alone (ModelRunner.bind_thread); OpenMP's default
-    # wait policy is kept: OMP_WAIT_POLICY=PASSIVE cost 37% of miss throughput (docs/benchmarks.md)
+    # wait policy is kept: OMP_WAIT_POLICY=PASSIVE cost 37% of miss throughput (docs/performance.md)
     torch_threads: int = Field(0, ge=0, le=256)
+    """Intra-op threads of each engine; 0: the machine's usable cores (at most 4), shared out among engine replicas."""
     # precision of the model's linear layers (model.lowp): bfloat16 (or auto: bf16 where the
     # CPU has AMX) is +14% at 128-row batches there, no gain at 64, -12% for a lone request,
     # and 1.5% of answers then depend on their batch companions; int8 (model.int8, any x86
@@ -73,85 +79,119 @@ class Settings(BaseSettings):
     # lone request by a third where memory is slow (AVX2 host: 42 vs 58-65 ms), changes 1.3%
     # of the answers and slows large batches (4-22%); so fp32 by default
     matmul: Matmul = "float32"
+    """Precision of the model's linear layers; `float32` is the default and the reference for every quality figure. Any other choice shows in the model tag (responses, cache keys)."""
     # with one engine (engine_replicas 1, or auto on cuda): run its core (model, scheduler)
     # in its own process (engine.process): the web server and the engine then hold separate
     # interpreter locks and can use separate cores. (Replicas always run in child processes.)
     # Off by default: on 2 cores it gave +10-15% on misses but, under the 2,000-connection
-    # overload, starved the web process (answers past their deadline); see docs/benchmarks.md
+    # overload, starved the web process (answers past their deadline); see docs/performance.md
     engine_process: bool = False
+    """With one engine: run it in a child process instead of a thread of the web server."""
     # engine processes behind one dispatcher (engine.replicas), each with its share of the
     # cores (torch_threads each, default cores // replicas) and of max_batch_size and
     # max_queue_size. 1: one engine (in this process, or in one child with engine_process).
     # 0 = auto: one per core on a CPU (at most 8 and at most max_batch_size), 1 on cuda
     # (one GPU, one engine)
     engine_replicas: int = Field(0, ge=0, le=64)
+    """Engine processes behind one dispatcher, each with its share of the cores, batch rows and queue; 0: one per usable core on a CPU (at most 8), 1 on cuda."""
 
     batching: Literal["continuous", "static"] = "continuous"
-    # 128: under a saturating load (c=128, ninth session's AMD host) 128 rows gave +17% over
+    """`continuous` (sequences join and leave the batch at every step) or `static` (one padded batch at a time; a baseline)."""
+    # 128: under a saturating load (c=128, an AMD EPYC Zen 4 host) 128 rows gave +17% over
     # 64 (320.3 vs 272.9 req/s, three interleaved rounds; p99 0.89 vs 0.81 s in the sweep);
     # below 64 requests in flight nothing changes (newcomers join at once while rows are free)
     max_batch_size: int = Field(128, ge=1, le=1024)
+    """Sequences decoded together (KV-cache rows), shared out among engine replicas."""
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
+    """How long an idle engine waits for companions before it starts a batch."""
     max_queue_size: int = Field(1024, ge=1, le=1_000_000)
+    """Requests waiting for a batch row before new ones get 429 `overloaded`."""
     default_timeout_ms: int = Field(10_000, ge=10, le=600_000)
+    """Deadline of a request that sets no `timeout_ms`, queue time included; past it: 504."""
     # on SIGTERM, how long requests in flight may take to finish (api.drain); nginx lets a
     # request ask for up to 30 s by default: Kubernetes' terminationGracePeriodSeconds
     # (deploy/k8s) leaves room above it
     drain_timeout_s: float = Field(30.0, ge=0, le=3600)
+    """On SIGTERM, how long requests in flight may take to finish before the instance exits."""
     # identical requests in flight share one generation (their answers would be the same);
     # false only for a baseline without it (``chunlian bench compare``'s "before")
     coalesce: bool = True
+    """Identical requests in flight share one generation; `false` only for a baseline."""
     bulk_min_share: float = Field(0.125, ge=0.0, le=1.0)  # slots bulk gets even under interactive load
+    """Share of batch rows bulk work (batch endpoint, jobs) keeps while interactive requests wait."""
     # while a batch runs, newcomers are admitted once this many can join together (or all
     # that wait): a prefill costs a whole forward pass, so one per step would halve decoding.
     # 0 = auto (max_batch_size // 8, at least 1); 1 = admit at every step.
     min_prefill_seqs: int = Field(0, ge=0, le=4096)
+    """While a batch runs, newcomers join once this many fit together; 0: max_batch_size / 8; 1: at every step."""
     # the engine thread (and the torch threads it starts) runs this much nicer than the
     # process: when the web server and the model compete for the cores the web server wins,
     # so answers, 429s and deadlines stay on time under overload; when it idles, the engine
     # still gets every cycle. 0 = same priority.
     engine_nice: int = Field(5, ge=0, le=19)
+    """How much nicer than the web server the engine's threads run, so answers, 429s and deadlines stay on time under overload; 0: same priority."""
     # how long idle OpenMP threads spin before sleeping (chunlian.omp): "full" is libgomp's
-    # own (best alone on the cores: +9-10% misses at c=64 on the tenth session's host),
+    # own (best alone on the cores: +9-10% misses at c=64 on an Intel AMX host),
     # "bounded" 10,000 rounds (when model-running processes share the cores: a worker with
     # its own model, several instances); "auto": full for `chunlian serve`, bounded for
     # `chunlian worker` and for the instances `chunlian cluster` starts. GOMP_SPINCOUNT,
     # when set, wins.
     omp_spin: SpinPolicy = "auto"
+    """How long idle OpenMP threads spin: `full`, `bounded`, or `auto` (full for `chunlian serve`, bounded for workers and cluster instances). `GOMP_SPINCOUNT`, when set, wins."""
     # once warm, move every object the start-up made (torch, the model, the framework: some
     # 400,000) out of the cyclic garbage collector's reach (gc.freeze): a full collection
     # then walks only what serving allocates instead of stopping the whole process (both
     # threads: it holds the interpreter lock) for ~0.4 s on this 2-core host
     gc_freeze: bool = True
+    """Once warm, exempt the start-up's objects from Python's cyclic garbage collector (shorter pauses)."""
     # a `chunlian worker` process (and its pool) runs this much nicer: bulk work yields the
     # cores to interactive instances on the same machine and takes them all when those idle
     worker_nice: int = Field(10, ge=0, le=19)
+    """How much nicer a `chunlian worker` process runs, so bulk jobs yield the cores to interactive instances."""
 
     # the lunar year generated lines may name by its zodiac animal (model.zodiac: 金猴献岁
     # is a Monkey year's line, wrong for a Goat-year campaign): 0 = the coming Spring
     # Festival's, from the date at start-up; -1 = no zodiac rule
     zodiac_year: int = Field(0, ge=-1, le=2200)
+    """Lunar year whose zodiac animal generated lines may name (other years' are banned); 0: the coming Spring Festival's; -1: no rule. Part of every cache key."""
 
     cache_size: int = Field(100_000, ge=0)
+    """Entries of the in-process LRU result cache; 0 turns it off."""
     cache_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    """How long cached answers live (in-process and Redis)."""
     redis_url: str | None = None
+    """Shared result cache, e.g. `redis://127.0.0.1:6379/0`; unset: in-process cache only."""
     broker_url: str | None = None
+    """Celery broker (and job store) for bulk jobs, e.g. `redis://127.0.0.1:6379/1`; unset: jobs run inside the instance."""
     job_result_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    """How long a bulk job and its results are kept."""
     job_soft_time_limit_s: float = Field(30.0, gt=0)
+    """Soft time limit of one Celery task (a chunk of a job's items)."""
     job_hard_time_limit_s: float = Field(60.0, gt=0)
+    """Hard time limit of one Celery task; must exceed the soft limit."""
     job_chunk_size: int = Field(50, ge=1, le=10_000)  # items per Celery task
+    """Items per Celery task."""
     job_queue: str = Field("chunlian.jobs", min_length=1, max_length=200)  # Celery queue name
+    """Name of the Celery queue bulk jobs go to."""
     job_visibility_timeout_s: float | None = Field(None, gt=0)  # None: derived from the hard limit
+    """How long the broker waits before it hands an unacknowledged task to another worker; unset: derived from the hard limit."""
     jobs_metrics_every_s: float = Field(15.0, ge=0.05, le=3600)  # how often /metrics' job gauges read the store
+    """How often the bulk-job gauges of `/metrics` read the job store."""
     api_keys: str = ""  # comma-separated; empty: the bulk endpoints (jobs, batch) are open
+    """Comma-separated keys that `X-API-Key` must match on the bulk endpoints (`/v1/jobs`, `/v1/couplets/batch`); empty: open."""
     # browser origins allowed to call the API from another site (a campaign page on a CDN):
     # comma-separated "https://host[:port]", or "*"; empty: same origin only (no CORS headers)
     cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    """Browser origins allowed to call the API from another site: comma-separated `https://host[:port]`, or `*`; empty: same origin only."""
 
     body_limit_bytes: int = Field(1_000_000, ge=1024)
+    """Largest request body; larger ones get 413 `body_too_large`."""
     log_level: LogLevel = "INFO"
+    """`DEBUG`, `INFO`, `WARNING` or `ERROR` (any case)."""
     warmup: Annotated[tuple[str, ...], NoDecode] = DEFAULT_WARMUP  # comma-separated in env
+    """Comma-separated lines and keywords generated and cached at start-up, before `/readyz` turns ready."""
     instance_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    """Name of this instance in `X-Chunlian-Instance`, `/healthz` and logs; default: host name, process id and a random suffix."""
 
     @field_validator("redis_url", "broker_url")
     @classmethod
@@ -227,9 +267,9 @@ class Settings(BaseSettings):
         """``engine_replicas``, with 0 resolved: on a CPU, as many as the usable cores hold
         at ``torch_threads`` each (one per core when that is 0; at most 8 and at most
         ``max_batch_size``: each replica needs a row), one on cuda. An explicit
-        ``TORCH_THREADS=2`` on 2 cores is therefore one engine with both: before, it gave two
-        replicas of 2 threads each, four spinning OpenMP threads on two cores, and 3.6
-        instead of 75-90 requests/s under a 16-client miss load (eighteenth session)."""
+        ``TORCH_THREADS=2`` on 2 cores is therefore one engine with both: two replicas of 2
+        threads each would be four spinning OpenMP threads on two cores, 3.6 instead of
+        75-90 requests/s under a 16-client miss load (AMD EPYC Zen 2, 2 cores)."""
         if self.engine_replicas:
             return self.engine_replicas
         if self.resolved_device() == "cuda":

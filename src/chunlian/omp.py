@@ -6,15 +6,15 @@ processes sharing them: a job worker's spinning threads took the cores the servi
 needed (interactive p99 14.9x its alone value with a worker beside it, and 2.2 bulk
 items/s). A bounded spin (10,000 rounds) still bridges most gaps between the ops of one
 forward pass and sleeps soon after: p99 3.2-4.2x, 23.6 bulk items/s (30,000 rounds: 8.8x).
-Measured with ``benchmarks/jobs_bench.py --colocated``; ``docs/benchmarks.md``.
+Measured with ``benchmarks/jobs_bench.py --colocated``; ``docs/performance.md``.
 
 The price of the bounded spin for a service alone on its machine: 6% of miss throughput
-on the third session's AMD host (145 against 155 req/s), 9-10% on the tenth session's
-Intel host (363 / 384 against 401 / 418 req/s at c=64, alternating). So each process
+on an AMD EPYC host (145 against 155 req/s), 9-10% on an Intel AMX
+host (363 / 384 against 401 / 418 req/s at c=64, alternating). So each process
 picks (``Settings.omp_spin``, ``auto`` by default):
 
 * ``chunlian serve``: libgomp's own spin (a service alone on its cores, the deployment
-  ``docs/deploy.md`` recommends);
+  ``docs/guides/deploy.md`` recommends);
 * ``chunlian worker`` and the instances ``chunlian cluster`` starts on one machine: bounded
   (they share the cores with other model-running processes).
 

@@ -46,7 +46,7 @@ def redis_up() -> None:
 
 @pytest.fixture(scope="session")
 def main_service(weights: Path, redis_up: None) -> Iterator[rel.ServiceProcess]:
-    queue = f"chunlian-rel-{uuid.uuid4().hex[:8]}"  # this session's own job queue (no worker reads it)
+    queue = f"chunlian-rel-{uuid.uuid4().hex[:8]}"  # this test session's own job queue (no worker reads it)
     svc = rel.ServiceProcess({**rel.main_service_settings(queue), "model_path": weights}, "ci-main").start()
     try:
         yield svc

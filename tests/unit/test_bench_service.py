@@ -28,7 +28,7 @@ def test_rounds_must_be_positive() -> None:
 def test_every_miss_is_seeded_and_the_offline_peaks_run_the_same_mix(monkeypatch: pytest.MonkeyPatch) -> None:
     """The misses phase draws seeded requests only, in every round, so the offline peaks (some
     run before a round's misses) get the misses' mix exactly: a share of 1.0, not the greedy-
-    first plan's growing share (0.2-0.34 at the peaks against 0.6 at the end, sixteenth session)."""
+    first plan's growing share (0.2-0.34 at the peaks against 0.6 at the end on an Intel AMX host)."""
     from collections.abc import Iterator
     from contextlib import contextmanager
     from typing import Any

@@ -81,7 +81,7 @@ def test_load_weights_puts_it_on_fp32_cpu_models_only_and_keeps_the_state_dict()
 
 
 def test_shipped_model_answers_are_pytorch_kernels_answers() -> None:
-    """On the fifteenth session's AMD host all 2,000 validation answers were the same
+    """On an AVX2 AMD EPYC host all 2,000 validation answers were the same
     (``benchmarks/head_kernel.py``); the sums may differ in order on another CPU, so this
     allows one near-tie among these lines."""
     torch.set_num_threads(1)

@@ -58,7 +58,7 @@ def register(sub: Any) -> None:
     e.add_argument("--sequential-requests", type=positive(int), default=100)
     e.add_argument("--threads", type=positive(int), default=2)
     e.add_argument("--matmul", default="float32", choices=MATMUL_CHOICES,
-                   help="linear layers' precision (int8: any x86 CPU; float16: fp16 weights, faster small batches where memory is slow; auto: bf16 on a CPU with AMX; docs/benchmarks.md)")
+                   help="linear layers' precision (int8: any x86 CPU; float16: fp16 weights, faster small batches where memory is slow; auto: bf16 on a CPU with AMX; docs/performance.md)")
     e.add_argument("--sweep", default="", help="also a table by max_batch_size, e.g. 1,8,32,128")
     e.add_argument("--replicas", type=int, default=0,
                    help="also continuous batching on this many single-engine processes side by side, "

@@ -12,7 +12,7 @@
 
 The load is a closed loop of ``concurrency`` clients, 128 by default: the default
 ``max_batch_size``, so that the defaults can fill their batch (at 64, only 64 of its 128 rows
-could ever be busy; ninth session: misses 8.75-10.67x at 64, 12.0-14.3x in eight runs at 128).
+could ever be busy; on a Zen 4 host: misses 8.75-10.67x at 64, 12.0-14.3x in eight runs at 128).
 
 Each side is started afresh (``sweep.run_server``) for each of two loads, the same
 requests in the same order on both sides: *mixed*, where ``repeat_ratio`` of the requests
@@ -24,7 +24,7 @@ column; the whole record is saved as JSON.
 With ``rounds`` > 1 the four runs are repeated, before and after swapping places within each
 load every other round, and the table is built from each run's figures averaged over the
 rounds; each round's headline ratios and their median are reported beside it. One round's
-misses ratio moved between 10.3x and 13.7x in six runs on the fifteenth session's host, the
+misses ratio moved between 10.3x and 13.7x in six runs on an AVX2 AMD EPYC host, the
 batch-1 baseline alone between 13.7 and 19.1 req/s.
 """
 

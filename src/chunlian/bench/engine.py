@@ -37,7 +37,7 @@ def mixed_lines(requests: int) -> list[str]:
 
     Every line is distinct (repeated lines would be coalesced and flatter the figures): the
     ``c``-th pass over the pool appends a second clause from companion ``i * 7 + c - 1``, so
-    passes never repeat one another (the first 800 lines are those of earlier sessions)."""
+    passes never repeat one another (the first 800 lines are the long-standing mix, so figures stay comparable)."""
     pool = sample_uppers()
     n = len(pool)
     mix = [pool[i % n] if i < n else pool[i % n] + "，" + pool[(i * 7 + i // n - 1) % n][:5]

@@ -190,7 +190,7 @@ def _server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", type=Path, default=None, help="CHUNLIAN_MODEL_PATH of the servers")
     p.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="CHUNLIAN_DEVICE")
     p.add_argument("--torch-threads", type=int, default=None, help="CHUNLIAN_TORCH_THREADS")
-    p.add_argument("--out-dir", type=Path, default=Path("benchmarks"), help="where results go (default benchmarks/)")
+    p.add_argument("--out-dir", type=Path, default=Path("runs/bench"), help="where results go (default runs/bench/, git-ignored)")
 
 
 def register(bsub: Any) -> None:

@@ -11,12 +11,12 @@ tree on the same machine (loopback, bounded in time):
    distinct lines (every request a miss, so every request goes through the engine), and
    ``chunlian bench engine``'s continuous mode on the same model, same ``max_batch_size``,
    on the same kind of requests the HTTP phase sends (same lines and styles, and the same
-   share of seeded, sampled ones, which cost ~7% more a step on the ninth session's host and
-   15-20% on the sixteenth's), all submitted at once (no HTTP). Every miss is a seeded request (the plan's seeded part, ``RequestPlan(seed=1)``),
+   share of seeded, sampled ones, which cost ~7% more a step on a Zen 4 host and
+   15-20% on an Intel AMX host), all submitted at once (no HTTP). Every miss is a seeded request (the plan's seeded part, ``RequestPlan(seed=1)``),
    so the share is 1.0 from the first request to the last and the peak runs exactly it. (The
    plan's greedy requests come first and run out within a phase: the share grew from round to
    round, and the peaks, some run before a round's misses, got 0.2-0.34 against the misses'
-   final 0.6 on the sixteenth session's host.) The
+   final 0.6 on an Intel AMX host.) The
    peak is the engine's steady rate, between 10% and 90% of the requests done
    (``engine.steady_rate``): the served closed loop never fills from empty nor drains (the
    whole-run rate, also reported, was 4-11% lower at 800 requests). The peak is the better

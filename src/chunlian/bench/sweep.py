@@ -257,8 +257,8 @@ def leading_points(rows: list[dict[str, Any]], slo_p99_ms: float, top: int) -> l
     """The points a confirmation measures again: the ``top`` with the most requests/s among
     those ``pick_best`` chooses from, then, if not among them, the ``top`` with the most
     requests/s of all: the rule's fallback when no point keeps the SLO, which the repeated
-    rounds may find. (Sixteenth session: only two 32-row points kept p99 <= 1 s in the pass;
-    again, neither did, and the fallback chose among them alone, 160 req/s, while 128 rows
+    rounds may find. (On an Intel AMX host only two 32-row points kept p99 <= 1 s in a pass;
+    measured again, neither did, and the fallback chose among them alone, 160 req/s, while 128 rows
     had served 239 in the pass.)"""
     def most(pool: list[dict[str, Any]]) -> list[tuple[int, float]]:
         return [(r["max_batch_size"], r["max_wait_ms"]) for r in sorted(pool, key=lambda r: -r["requests_per_s"])[:top]]
@@ -285,7 +285,7 @@ def confirm_points(
     other round, and return one averaged row per point (``mean_row``), in ``points`` order.
 
     One pass of a sweep measures each point once, minutes apart; on a shared host the drift
-    between them can exceed the differences the sweep is for (fifteenth session: the sweep put
+    between them can exceed the differences the sweep is for (on an AVX2 AMD EPYC host one sweep put
     64 rows 16-19% ahead of 128, and three alternating runs then put 128 ahead by 4-21%)."""
     lines = load_lines(data)
     runs: dict[tuple[int, float], list[dict[str, Any]]] = {p: [] for p in points}

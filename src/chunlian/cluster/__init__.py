@@ -2,7 +2,7 @@
 in front, started and stopped as one unit (``chunlian cluster``).
 
 ``nginx`` renders the nginx config from the shipped template, ``launcher`` starts and stops
-the processes, ``cli`` adds the ``chunlian cluster`` command. See docs/deploy.md for the same
+the processes, ``cli`` adds the ``chunlian cluster`` command. See docs/guides/deploy.md for the same
 topology across machines.
 """
 

@@ -159,7 +159,7 @@ def register(sub: Any) -> None:
                         "instances' engines at bulk priority and load no model")
     c.add_argument("--worker-own-model", action="store_true",
                    help="workers load their own model instead (they then compete with the "
-                        "instances for this machine's cores outside any scheduler; docs/jobs.md)")
+                        "instances for this machine's cores outside any scheduler; docs/guides/bulk-jobs.md)")
     c.add_argument("--redis-url", default=None,
                    help="the shared Redis (default $CHUNLIAN_REDIS_URL or redis://127.0.0.1:6379/0)")
     c.add_argument("--broker-url", default=None,

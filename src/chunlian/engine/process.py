@@ -2,7 +2,7 @@
 EngineCore: the API process keeps HTTP, the cache and the event loop; a child process keeps
 the model, the scheduler and the engine thread, with its own interpreter lock and its own
 core. Measured on this 2-core host: in one process the web server and the engine thread
-take turns on one lock, so the second core idles (``docs/benchmarks.md``).
+take turns on one lock, so the second core idles (``docs/performance.md``).
 
     API process                                  engine process (spawned)
     ProcessEngine.generate() ─("gen", id, req)──▶ reader thread ─▶ Engine.generate() task

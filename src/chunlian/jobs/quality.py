@@ -14,7 +14,7 @@ Interactive requests keep the greedy engine; a job may ask for the quality mode 
   one spawned child process (``QualityProcess``) at ``SCHED_IDLE`` (and niced ``ENGINE_NICE
   + WORKER_NICE``): it runs on cores that the event loop and the engine replicas leave idle.
   Beside a 16-client miss load that cost interactive throughput 14% (niced alone: 29%), and
-  the job waits while the load lasts (``docs/jobs.md``).
+  the job waits while the load lasts (``docs/guides/bulk-jobs.md``).
   The quality mode is the shipped pair of weights (``CHUNLIAN_MODEL_PATH`` does not change
   it); a worker on ``--engine-url`` (on a serving machine) loads that pair itself for quality
   items and then runs at ``SCHED_IDLE`` too.

@@ -3,7 +3,7 @@
 A lone request's decode step multiplies one row by every weight matrix: 16.5 MB of fp32
 weights (the 7,703-way LM head alone 5.9 MB) read for a few hundred kFLOPs, so on a CPU
 with little memory bandwidth the step is bound by reading weights, not by arithmetic.
-Measured on an AVX2-only AMD EPYC host (fourteenth session, 2 threads, the 25 products of
+Measured on an AVX2-only AMD EPYC host (2 threads, the 25 products of
 one step over weights not in cache): 3.5-4.3 ms in fp32, 1.4-1.7 ms with fp16 weights
 (PyTorch's fp16 matrix-vector kernel, fp32 sums); at 6 rows and more fp32 is as fast or
 faster, and at 128 rows fp16 is 5x slower (no fp16 arithmetic on AVX2).
@@ -18,7 +18,7 @@ shipped weights themselves (they are stored in fp16); what rounding changes is t
 activations between layers. The residual stream, LayerNorm, attention, the KV cache and
 the rules stay fp32.
 
-End to end on that host (docs/benchmarks.md, fourteenth session): a lone request 42 ms
+End to end on that host (docs/performance.md): a lone request 42 ms
 against 58-65 in fp32 (opt-in int8: 44-48); validation BLEU-4 3.263 one request at a time
 and 3.288 at 128 rows, against fp32's 3.289; 25 of 2,000 answers differ from fp32's, 11
 between one at a time and 128 rows (fp32: none). Large batches are slower than fp32

@@ -19,7 +19,7 @@ registers, and each layer's input range is recorded; a margin (``RANGE_MARGIN``)
 inputs outside what calibration saw (they are clamped, as any int8 value is). Deterministic:
 the same weights give the same ranges.
 
-Measured on an AMD EPYC (AVX2) host with 2 threads (docs/benchmarks.md, seventh session):
+Measured on an AMD EPYC (AVX2) host with 2 threads (docs/performance.md):
 the 7,703-way LM head 2.7 against 7.3 ms at 128 rows, the block layers 1.2-1.5x; the runner
 on the 800-line mix at 128 rows +12-32% sequences/s, and at one row 34-37 against 59 ms.
 Validation BLEU-4 3.27 against fp32's 3.29 (rules 1.0 either way); a third of the answers
@@ -47,7 +47,7 @@ RANGE_MARGIN = 0.1
 # weights give it instead (-63..63, one scale per output channel, so every row keeps its
 # own resolution): the activations, one scale per tensor and wide where a few channels
 # are, need the bits more (validation BLEU-4 3.12 with 7-bit activations, WEIGHT_LEVELS
-# below the same as fp32's 3.29 within noise; docs/benchmarks.md)
+# below the same as fp32's 3.29 within noise; docs/performance.md)
 QUANT_LEVELS = 255  # uint8 activations
 WEIGHT_LEVELS = 63  # int8 weights, 7 bits used: 2 * 255 * 63 fits int16
 REGISTERS = ("modern", "classical")

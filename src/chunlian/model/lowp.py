@@ -18,7 +18,7 @@ step of the rounded result) differs. That still flips a near-tie now and then: o
 batch, against none in fp32 (``tests/unit/test_lowp.py``). The LM head is faster on AMX
 even for one row (49 against 98 us) and always takes it.
 
-Measured end to end (Intel Xeon with AMX, docs/benchmarks.md): +14% sequences/s at 128
+Measured end to end (Intel Xeon with AMX, docs/performance.md): +14% sequences/s at 128
 rows (``chunlian bench engine``), none at the service's 64 (``bench service``'s engine
 peak 557 both ways), -12% for a lone request (the conversions around each product);
 validation BLEU-4 2.43 against 2.45 in fp32. Hence fp32 stays the default; ``bfloat16``

@@ -2,7 +2,7 @@
 
 PyTorch's CPU ``F.linear`` calls MKL's ``sgemm``. On AMD CPUs MKL takes a generic code path,
 and for the LM head's shape (``[N, 192] @ [192, 7703]``) it is slow there. Measured on the
-AVX2-only AMD EPYC host (fifteenth session, 2 threads, weights in cache): 390 us at 1 row,
+AVX2-only AMD EPYC host (2 threads, weights in cache): 390 us at 1 row,
 2.5 ms at 4 rows, 8.7 ms at 128 rows, against 190 us, 0.27 ms and 4.1 ms through oneDNN
 (bundled with PyTorch; its kernels are chosen by instruction set, not by vendor) with the
 weight packed once into oneDNN's blocked layout. The block layers were measured too and are
@@ -12,7 +12,7 @@ fixed cost a call), and no gain end to end in interleaved runs.
 **Same numbers.** On that host oneDNN's sums over the model width came out bitwise equal to
 MKL's, and a row's logits are the same whatever the number of rows around it: the 800-line
 benchmark mix gave the same 800 answers at 128 rows, and 100 of them alone, as PyTorch's
-kernel (``docs/benchmarks.md``, fifteenth session). The model tag is therefore unchanged.
+kernel (``benchmarks/head_kernel.py``). The model tag is therefore unchanged.
 ``tests/unit/test_onednn.py`` checks the batch invariance and the closeness on the machine it
 runs on.
 
@@ -23,7 +23,7 @@ of values, so from ``MIN_BUCKETED_ROWS`` rows on they are padded up to a multipl
 kernel (a lone request's step, a narrow beam).
 
 **Intel CPUs: PyTorch's kernel from 64 rows.** MKL's own CPUs were not what the head was moved
-for. On the sixteenth session's Intel Xeon (AMX; 2 threads, 30 interleaved rounds a size) oneDNN
+for. On an Intel Xeon (AMX; 2 threads, 30 interleaved rounds a size) oneDNN
 took 0.58-0.76x MKL's time at 4-32 rows but 1.03-1.26x at 56-128 rows, where a busy engine runs,
 and 1.16-1.36x at 1-2 rows. There the head hands ``PYTORCH_FROM_ROWS`` rows and more to
 ``F.linear``; under it oneDNN keeps even a lone row's logits batch-invariant (MKL sums a single

@@ -6,7 +6,7 @@ process, or an in-process uvicorn whose engine a test can park) over loopback an
 promises (``problems``; empty when the scenario passed). The CI suite
 (``tests/reliability``) calls them with small loads; ``python -m chunlian.bench.reliability``
 (``scripts/reliability.sh``) runs the long versions, bounded to 10 minutes in all, and
-rewrites ``docs/reliability.md``.
+writes its report to ``runs/reliability.md`` (``docs/reliability.md`` cites a run).
 
 Scenarios (numbered as in the issue):
 
@@ -36,7 +36,7 @@ Loops are bounded in count and time and stop by themselves; only loopback is use
 
 Modules: ``common`` (constants, ``Outcome``, a raw HTTP/1.1 client, checks on replies,
 ``/metrics`` and ``/proc``), ``services`` (the processes driven, Redis), one module per
-scenario, ``report`` (the long run within its budget, and ``docs/reliability.md``).
+scenario, ``report`` (the long run within its budget, and its Markdown report).
 """
 
 from __future__ import annotations
