@@ -1,9 +1,9 @@
 """Bulk jobs on real Celery workers and the real Redis (db 11), through real HTTP.
 
 Workers are real processes (``python -m chunlian.cli worker``) started by the tests, each
-in its own session so that a whole worker (main process and pool) can be SIGKILLed, and
-always killed in ``finally``. The queue name is unique to this test session, and only this
-session's keys are deleted from db 11, so a concurrent session is not disturbed.
+in its own process session so that a whole worker (main process and pool) can be SIGKILLed,
+and always killed in ``finally``. The queue name is unique to this test run, and only this run's
+keys are deleted from db 11, so a concurrent run is not disturbed.
 
 Nothing here depends on timing for pass/fail: waits poll with generous bounds, and where a
 test needs the worker to be at a given point (mid-chunk, for the kill and the cancel), a

@@ -257,7 +257,7 @@ def test_cli_parses_the_bench_commands() -> None:
     assert (s.confirm_rounds, s.confirm_top) == (2, 3)
     assert ap.parse_args(["bench", "sweep", "--confirm-rounds", "0"]).confirm_rounds == 0
     c = ap.parse_args(["bench", "compare"])
-    assert c.repeat_ratio == 0.3 and c.out_dir == Path("benchmarks") and c.rounds == 1
+    assert c.repeat_ratio == 0.3 and c.out_dir == Path("runs/bench") and c.rounds == 1
     assert ap.parse_args(["bench", "compare", "--rounds", "3"]).rounds == 3
     for bad in (["bench", "http", "--unique-ratio", "2"], ["bench", "sweep", "--batch-sizes", "0,8"],
                 ["bench", "http", "--duration", "0"], ["bench", "sweep", "--confirm-rounds", "-1"],
