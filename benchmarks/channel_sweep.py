@@ -39,8 +39,6 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=8)
     ap.add_argument("--weights", type=float, nargs="+", default=[0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0])
     ap.add_argument("--model", type=Path, default=None, help="weights (default: the shipped ones)")
-    ap.add_argument("--ensemble", type=Path, action="append", default=[],
-                    help="more weights averaged with --model's (as chunlian eval --ensemble)")
     ap.add_argument("--channel-model", type=Path, action="append", default=[],
                     help="weights that score the channel term instead of the beam's own models (repeat to average)")
     ap.add_argument("--forward-model", type=Path, default=None,
@@ -64,16 +62,16 @@ def main() -> None:
             continue
         if len(pairs) == args.pairs:
             break
-    gen = OfflineGenerator.load(args.model, "cpu", capacity=64, ensemble=tuple(args.ensemble))
+    gen = OfflineGenerator.load(args.model, "cpu", capacity=64)
     tone_bias = gen.runner.tone_bias if args.tone_bias is None else args.tone_bias
     searcher = BeamSearcher(gen.loaded, gen.runner.constrainer, tone_bias,
-                            max_rows=max(64, args.beam), members=gen.members)
+                            max_rows=max(64, args.beam))
     items = [(u, "traditional") for u, _ in pairs]
     t0 = time.perf_counter()
     if args.nbest_cache is not None and args.nbest_cache.exists():
         cached = json.loads(args.nbest_cache.read_text(encoding="utf-8"))
         same = {"items": [list(it) for it in items], "beam": args.beam, "model": gen.loaded.tag,
-                "ensemble": [m.tag for m in gen.members], "tone_bias": tone_bias}
+                "tone_bias": tone_bias}
         if any(cached.get(k) != v for k, v in same.items()):
             raise SystemExit(f"{args.nbest_cache} holds another run's candidates (items, beam, models or tone bias differ)")
         nbest = [[BeamResult(lo, m, lp) for lo, m, lp in hyps] for hyps in cached["nbest"]]
@@ -82,12 +80,12 @@ def main() -> None:
         if args.nbest_cache is not None:
             args.nbest_cache.write_text(json.dumps(
                 {"items": items, "beam": args.beam, "model": gen.loaded.tag,
-                 "ensemble": [m.tag for m in gen.members], "tone_bias": tone_bias,
+                 "tone_bias": tone_bias,
                  "nbest": [[[h.lower, h.mean_logprob, h.logprob] for h in hyps] for hyps in nbest]},
                 ensure_ascii=False), encoding="utf-8")
     beam_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    scorers = tuple(load_weights(p, "cpu") for p in args.channel_model) or (gen.loaded, *gen.members)
+    scorers = tuple(load_weights(p, "cpu") for p in args.channel_model) or (gen.loaded,)
     channel = candidate_scores(scorers, items, nbest)
     channel_s = time.perf_counter() - t0
     uppers, refs = [u for u, _ in pairs], [lo for _, lo in pairs]
@@ -105,7 +103,7 @@ def main() -> None:
                               "pingze_opposition": m["pingze_opposition"], "ends_ping": m["ends_ping"]}))
     report = {"data": args.data, "half": args.half, "seed": args.seed, "pairs": len(pairs), "beam": args.beam,
               "forward_model": str(args.forward_model) if args.forward_model else None,
-              "model": gen.loaded.tag, "ensemble": [m.tag for m in gen.members], "tone_bias": tone_bias,
+              "model": gen.loaded.tag, "tone_bias": tone_bias,
               "channel_models": [m.tag for m in scorers],
               "channel_register": [ChannelScorer(m).register for m in scorers],
               "beam_s": round(beam_s, 1), "channel_s": round(channel_s, 1), "table": table}

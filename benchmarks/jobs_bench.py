@@ -184,7 +184,7 @@ def wait_for(pred: Any, limit_s: float, what: str, every_s: float = 0.2) -> Any:
 # ---- 1. the engine's offline peak -------------------------------------------------------------
 def engine_peak(threads: int, batch: int, requests: int, quiet_s: float = 0) -> dict[str, Any]:
     wait_quiet("engine_peak", quiet_s)
-    cmd = [sys.executable, "-m", "chunlian.cli", "bench", "engine", "--json", "--threads", str(threads),
+    cmd = [sys.executable, "-m", "chunlian.cli", "bench", "engine", "--json", "--torch-threads", str(threads),
            "--max-batch-size", str(batch), "--requests", str(requests), "--sequential-requests", "20"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, timeout=1800)
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -195,7 +195,7 @@ def engine_peak(threads: int, batch: int, requests: int, quiet_s: float = 0) -> 
 
 # ---- 2. Celery ------------------------------------------------------------------------------------
 def start_worker(env: dict[str, str], logs: Path, extra: list[str] | None = None) -> Proc:
-    w = Proc([sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--loglevel", "INFO",
+    w = Proc([sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--log-level", "INFO",
               *(extra or [])], env, logs / f"worker-{uuid.uuid4().hex[:6]}.log")
     wait_for(lambda: " ready." in w.log.read_text(errors="replace") or w.p.poll() is not None, 300, "worker")
     if w.p.poll() is not None:

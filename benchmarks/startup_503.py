@@ -69,7 +69,7 @@ def _round(requests: int, ready_timeout_s: float, probe: bool) -> dict[str, Any]
     os.chmod(prefix, 0o711)
     cmd = [sys.executable, "-m", "chunlian.cli", "cluster", "--instances", "2", "--port", str(port),
            "--redis-url", REDIS_URL, "--prefix", str(prefix), "--nginx-metrics-port", "-1",
-           "--ready-timeout", str(ready_timeout_s)]
+           "--ready-timeout-s", str(ready_timeout_s)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     prober = _Prober(port)

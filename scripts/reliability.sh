@@ -15,4 +15,4 @@ scripts/bootstrap.sh dev
 scripts/ensure-redis.sh
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true  # 2,000 client connections plus the server's
 # The runner bounds itself to 600 s; the outer timeout only guards against a hang.
-exec timeout --kill-after=30 900 .venv/bin/python -m chunlian.bench.reliability "$@"
+exec timeout --kill-after=30 900 .venv/bin/python -m tests.reliability.harness "$@"

@@ -1,36 +1,35 @@
 """The ``chunlian`` command line.
 
-Model commands live here; other areas register their own sub-commands through a
-``register(subparsers)`` function in the modules listed in ``PLUGINS`` (bench, jobs,
-cluster, training's distill), so each area keeps its CLI beside its code.
+Model and service commands live here; the jobs, cluster and bench areas keep their
+sub-commands beside their code (``jobs.cli``, ``cluster.cli``, ``bench.cli``), each
+registered explicitly by ``build_parser``. Shared flags and types: ``chunlian.cliargs``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from chunlian.bench import cli as bench_cli
+from chunlian.cliargs import (
+    Parser,
+    add_device,
+    add_log_level,
+    add_no_progress,
+    dump,
+    fail,
+    hidden_alias,
+    whole_number,
+)
+from chunlian.cluster import cli as cluster_cli
 from chunlian.errors import ChunlianError, ConfigError, InvalidInput
+from chunlian.jobs import cli as jobs_cli
 from chunlian.types import MATMUL_CHOICES
-
-PLUGINS = ("chunlian.bench.cli", "chunlian.jobs.cli", "chunlian.cluster.cli", "chunlian.training.cli")
-EXIT_USAGE = 2
-
-
-def _fail(msg: str) -> int:
-    print(f"chunlian: error: {msg}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _dump(obj: Any) -> None:
-    print(json.dumps(obj, ensure_ascii=False))
 
 
 def _result_obj(res: Any) -> dict[str, Any]:
@@ -42,7 +41,7 @@ def _result_obj(res: Any) -> dict[str, Any]:
 
 def _print_result(res: Any, as_json: bool) -> None:
     if as_json:
-        _dump(_result_obj(res))
+        dump(_result_obj(res))
         return
     b = res.best
     print(f"横批  {b.hengpi}\n上联  {b.upper}\n下联  {b.lower}")
@@ -84,7 +83,6 @@ def _generator(args: argparse.Namespace) -> Any:
     return OfflineGenerator.load(
         args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1),
         matmul=args.matmul, channel_weight=getattr(args, "channel", 0.0),
-        ensemble=tuple(getattr(args, "ensemble", None) or ()),
         rescore=tuple(getattr(args, "rescore", None) or ()), rescore_weight=getattr(args, "rescore_weight", 0.0),
     )
 
@@ -99,17 +97,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_channel(args.channel, args.beam)
         check_rescore(args.rescore_weight, args.beam, len(args.rescore or ()))
     except InvalidInput as e:
-        return _fail(e.message)
+        return fail(e.message)
     if args.file is None:
         if not args.upper:
-            return _fail("give an upper line or --file")
+            return fail("give an upper line or --file")
         try:
             req = couplet_request(args.upper, args.style, args.n, args.seed)
         except InvalidInput as e:
-            return _fail(e.message)
+            return fail(e.message)
         (res,) = _generator(args).generate([req])
         if isinstance(res, ChunlianError):
-            return _fail(str(res))
+            return fail(str(res))
         _print_result(res, args.json)
         return 0
     try:
@@ -118,7 +116,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         check_style(args.style)
         check_n(args.n)
     except InvalidInput as e:
-        return _fail(e.message)
+        return fail(e.message)
     lines = Path(args.file).read_text(encoding="utf-8").splitlines()
     if lines and lines[0].split("\t")[0].strip() == "upper":
         lines = lines[1:]
@@ -133,11 +131,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     results = iter(_generator(args).generate(reqs)) if reqs else iter(())
     for slot in slots:
         if slot is not None:
-            _dump(slot) if args.json else print(f"error: {slot['error']}")
+            dump(slot) if args.json else print(f"error: {slot['error']}")
             continue
         res = next(results)
         if isinstance(res, ChunlianError):
-            _dump({"error": str(res)})
+            dump({"error": str(res)})
         else:
             _print_result(res, args.json)
     return 0
@@ -149,10 +147,10 @@ def cmd_compose(args: argparse.Namespace) -> int:
     try:
         req = compose_request(args.heads, args.keyword, args.length, args.style, args.n, args.seed)
     except InvalidInput as e:
-        return _fail(e.message)
+        return fail(e.message)
     (res,) = _generator(args).generate([req])
     if isinstance(res, ChunlianError):
-        return _fail(str(res))
+        return fail(str(res))
     _print_result(res, args.json)
     return 0
 
@@ -160,21 +158,22 @@ def cmd_compose(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     from chunlian.data.corpus import prepare
 
-    stats = prepare(Path(args.data_dir), Path(args.out), args.val_size, args.seed)
-    _dump(stats.as_dict())
+    stats = prepare(Path(args.data_dir), Path(args.out_dir), args.val_size, args.seed)
+    dump(stats.as_dict())
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from chunlian.model.device import resolve_device
     from chunlian.training.train import TrainConfig, train
 
     if args.dropout is not None and not 0.0 <= args.dropout < 1.0:
-        return _fail(f"--dropout must be in [0, 1), got {args.dropout}")
+        return fail(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.reverse_share is not None and not 0.0 <= args.reverse_share < 0.7:
-        return _fail(f"--reverse-share must be in [0, 0.7) (the classical share is 0.3), got {args.reverse_share}")
+        return fail(f"--reverse-share must be in [0, 0.7) (the classical share is 0.3), got {args.reverse_share}")
     if args.ema_decay is not None and not 0.0 <= args.ema_decay < 1.0:
-        return _fail(f"--ema-decay must be in [0, 1) (0: off), got {args.ema_decay}")
-    cfg = TrainConfig(data_dir=args.data, out_dir=args.out, export_path=args.export)
+        return fail(f"--ema-decay must be in [0, 1) (0: off), got {args.ema_decay}")
+    cfg = TrainConfig(data_dir=args.data, out_dir=args.out_dir, export_path=args.export)
     if args.max_steps:
         cfg.max_steps = args.max_steps
     for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs", "dropout",
@@ -182,19 +181,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None:  # given on the command line (0 included)
             setattr(cfg, name, value)
-    cfg.device = args.device if args.device != "auto" else _auto_device()
+    cfg.device = resolve_device(args.device)
     try:
-        summary = train(cfg, progress=not args.quiet)
+        summary = train(cfg, progress=not args.no_progress)
     except ValueError as e:  # a configuration the data or the --init-from weights cannot take
-        return _fail(str(e))
-    _dump({k: v for k, v in summary.items() if k != "history"})
+        return fail(str(e))
+    dump({k: v for k, v in summary.items() if k != "history"})
     return 0
-
-
-def _auto_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -204,12 +197,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
                           args.batch_size, args.tone_bias, args.beam, args.matmul, args.zodiac_year,
-                          args.channel, tuple(args.ensemble or ()), tuple(args.rescore or ()),
+                          args.channel, tuple(args.rescore or ()),
                           args.rescore_weight)
     except InvalidInput as e:
-        return _fail(e.message)
+        return fail(e.message)
     if args.json:
-        _dump(report)
+        dump(report)
     else:
         for k, v in report.items():
             print(f"{k:28s} {v}")
@@ -252,106 +245,83 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
-    _dump({"items": len(items), "seconds": round(time.perf_counter() - t0, 2), **report.as_dict()})
+    dump({"items": len(items), "seconds": round(time.perf_counter() - t0, 2), **report.as_dict()})
     return 1 if getattr(report, "failed", 0) else 0
 
 
-def whole_number(lo: int, hi: int, unit: str, why: str = "") -> Callable[[str], int]:
-    """An argparse type: a whole number of ``unit`` from ``lo`` to ``hi`` (``why`` says
-    where the bound comes from), else a message naming what came."""
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number of {unit}, got {text!r}") from None
-        if not lo <= n <= hi:
-            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}{why}, got {n}")
-        return n
-    return parse
-
-
 # ---- parser ----------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    """Bad usage: one line on stderr naming the problem, exit status 2, nothing on stdout."""
-
-    def error(self, message: str) -> Any:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-
-
 def _search_flags(p: argparse.ArgumentParser) -> None:
-    """Offline search: beam, channel reranking, ensembles and the quality preset."""
-    p.add_argument("--beam", type=int, default=None,
-                   help="constrained beam search of this width for greedy lines (default 1: greedy)")
-    p.add_argument("--channel", type=float, default=None,
-                   help="rerank the beam's lines by log p(lower|upper) + W log p(upper|lower), "
-                        "how well each explains the 上联 (needs --beam)")
-    p.add_argument("--ensemble", type=Path, action="append", default=None, metavar="WEIGHTS",
-                   help="average these weights' predictions with the model's (beam path; repeatable)")
-    p.add_argument("--rescore", type=Path, action="append", default=None, metavar="WEIGHTS",
-                   help="add F log p(lower|upper) of these weights to each beam candidate's score (needs --beam)")
-    p.add_argument("--rescore-weight", type=float, default=None, metavar="F",
-                   help="the weight F of --rescore (default 0.5)")
+    """``--quality``, and the search internals it presets (hidden: for experiments)."""
     p.add_argument("--quality", action="store_true",
-                   help="offline quality mode: the reverse-trained weights, --beam 32, --channel 0.75, rescored "
-                        "by the shipped weights at 0.5 (slower; a --model-path, --beam, --channel or "
-                        "--rescore given with it wins)")
+                   help="offline quality mode: the reverse-trained weights and a constrained beam "
+                        "search reranked by how well each line explains the 上联 (slower)")
+    p.add_argument("--beam", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--channel", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rescore", type=Path, action="append", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rescore-weight", type=float, default=None, help=argparse.SUPPRESS)
 
 
 def _model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-path", type=Path, default=None, help="weights (default: shipped)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together")
+    p.add_argument("--model-path", type=Path, default=None, help="weights (default: the shipped ones)")
+    add_device(p)
+    p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together (default 64)")
     p.add_argument("--matmul", default="float32", choices=MATMUL_CHOICES,
-                   help="linear layers' precision (int8: any x86 CPU; float16: fp16 weights, faster small batches where memory is slow; auto: bf16 on a CPU with AMX; docs/performance.md)")
+                   help="linear layers' precision (default float32; docs/performance.md)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="chunlian", description="Spring Festival couplets (春联)")
-    sub = ap.add_subparsers(dest="command", required=True)
+def _request_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--style", default="traditional",
+                   help="traditional, business, family or literary (default traditional)")
+    p.add_argument("--n", type=int, default=1, help="candidates to write, sampled when > 1 (default 1)")
+    p.add_argument("--seed", type=int, default=None, help="sample with this seed (default: greedy)")
+    p.add_argument("--json", action="store_true", help="one JSON object a couplet")
 
+
+def _add_generate(sub: Any) -> None:
     g = sub.add_parser("generate", help="write the 下联 and 横批 for an upper line")
-    g.add_argument("upper", nargs="?")
+    g.add_argument("upper", nargs="?", help="the 上联 (or --file)")
     g.add_argument("--file", help="one upper line per line (or a TSV with an 'upper' column)")
-    g.add_argument("--style", default="traditional")
-    g.add_argument("--n", type=int, default=1)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--json", action="store_true")
+    _request_flags(g)
     _search_flags(g)
     _model_flags(g)
     g.set_defaults(fn=cmd_generate)
 
+
+def _add_compose(sub: Any) -> None:
     c = sub.add_parser("compose", help="a whole personalised couplet (藏头)")
     grp = c.add_mutually_exclusive_group(required=True)
     grp.add_argument("--heads", help="one or two characters (a name)")
     grp.add_argument("--keyword", help="a theme word the upper line begins with")
-    c.add_argument("--length", type=int, default=7)
-    c.add_argument("--style", default="traditional")
-    c.add_argument("--n", type=int, default=1)
-    c.add_argument("--seed", type=int, default=None)
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--length", type=int, default=7, help="characters per line: 5 or 7 (default 7)")
+    _request_flags(c)
     _model_flags(c)
     c.set_defaults(fn=cmd_compose)
 
+
+def _add_data(sub: Any) -> None:
     d = sub.add_parser("data", help="prepare the training data (clean, dedupe, split)")
     d.add_argument("--data-dir", required=True, help="folder holding couplets/ and safety/")
-    d.add_argument("--out", default="runs/data")
-    d.add_argument("--val-size", type=int, default=2000)
-    d.add_argument("--seed", type=int, default=20260217)
+    d.add_argument("--out-dir", default="runs/data", help="where the splits go (default runs/data)")
+    hidden_alias(d, "--out", "out_dir")
+    d.add_argument("--val-size", type=int, default=2000, help="pairs held out for validation (default 2000)")
+    d.add_argument("--seed", type=int, default=20260217, help="seed of the split")
     d.set_defaults(fn=cmd_data)
 
+
+def _add_train(sub: Any) -> None:
     t = sub.add_parser("train", help="train (or resume) the couplet model")
-    t.add_argument("--data", default="runs/data", help="output of 'chunlian data'")
-    t.add_argument("--out", default="runs/train")
-    t.add_argument("--export", default="runs/train/latest.safetensors")
-    t.add_argument("--max-steps", type=int, default=0)
-    t.add_argument("--device", default="auto", choices=["cpu", "cuda", "auto"])
+    t.add_argument("--data", default="runs/data", help="output of 'chunlian data' (default runs/data)")
+    t.add_argument("--out-dir", default="runs/train", help="checkpoints and logs (default runs/train)")
+    hidden_alias(t, "--out", "out_dir")
+    t.add_argument("--export", default="runs/train/latest.safetensors", help="the exported weights file")
+    t.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (default 0: the plan's)")
+    add_device(t, "training")
     t.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (CPUs with AMX or AVX-512 bf16, cuda)")
     t.add_argument("--init-from", default=None, help="continue from exported weights (.safetensors)")
     t.add_argument("--step-offset", type=int, default=None, help="steps behind --init-from (version name)")
-    t.add_argument("--lr-max", type=float, default=None)
-    t.add_argument("--warmup-steps", type=int, default=None)
-    t.add_argument("--batch-pairs", type=int, default=None)
+    t.add_argument("--lr-max", type=float, default=None, help="peak learning rate")
+    t.add_argument("--warmup-steps", type=int, default=None, help="steps of learning-rate warm-up")
+    t.add_argument("--batch-pairs", type=int, default=None, help="pairs a step")
     t.add_argument("--dropout", type=float, default=None, help="on embeddings and residual branches (default: 0 from scratch, the --init-from weights' own when continuing)")
     t.add_argument("--augment-reverse", action="store_true", default=None,
                    help="also train on every modern pair the other way round (register <r:reversed>)")
@@ -359,15 +329,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="share of batches of reversed pairs with --augment-reverse (default 0.3)")
     t.add_argument("--ema-decay", type=float, default=None,
                    help="also keep an exponential moving average of the weights (e.g. 0.999): ema.safetensors")
-    t.add_argument("--quiet", action="store_true")
+    add_no_progress(t, old_quiet=True)
     t.set_defaults(fn=cmd_train)
 
+
+def _add_eval(sub: Any) -> None:
     e = sub.add_parser("eval", help="score the model on a TSV of upper/lower pairs")
-    e.add_argument("--data", required=True)
-    e.add_argument("--limit", type=int, default=None)
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--data", required=True, help="a TSV of upper and lower lines (e.g. runs/data/val.tsv)")
+    e.add_argument("--limit", type=int, default=None, help="score only the first N pairs")
+    e.add_argument("--json", action="store_true", help="the report as one JSON object")
     e.add_argument("--baselines", action="store_true", help="also score a random real lower and gold")
-    e.add_argument("--tone-bias", type=float, default=None)
+    e.add_argument("--tone-bias", type=float, default=None, help=argparse.SUPPRESS)
     _search_flags(e)
     e.add_argument("--zodiac-year", type=int, default=None,
                    help="apply the zodiac rule of this year (default: none; the validation couplets "
@@ -375,41 +347,46 @@ def build_parser() -> argparse.ArgumentParser:
     _model_flags(e)
     e.set_defaults(fn=cmd_eval)
 
-    s = sub.add_parser("serve", help="run the HTTP service (embedded defaults: no Redis needed)")
-    s.add_argument("--host")
-    s.add_argument("--port", type=int)
-    s.add_argument("--model-path", type=Path)
-    s.add_argument("--device", choices=["cpu", "cuda", "auto"])
-    s.add_argument("--max-batch-size", type=int)
-    s.add_argument("--max-wait-ms", type=float)
-    s.add_argument("--max-queue-size", type=int)
-    s.add_argument("--redis-url")
-    s.add_argument("--batching", choices=["continuous", "static"])
-    s.add_argument("--log-level")
-    s.add_argument("--torch-threads", type=int)
+
+def _add_serve(sub: Any) -> None:
+    s = sub.add_parser("serve", help="run the HTTP service (embedded defaults: no Redis needed)",
+                       description="Flags override the CHUNLIAN_* environment (docs: configuration).")
+    s.add_argument("--host", help="address to listen on (default $CHUNLIAN_HOST or 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port (default $CHUNLIAN_PORT or 8000)")
+    s.add_argument("--model-path", type=Path, help="weights (default: the shipped ones)")
+    s.add_argument("--device", choices=["auto", "cpu", "cuda"],
+                   help="where the model runs (default $CHUNLIAN_DEVICE or auto)")
+    s.add_argument("--max-batch-size", type=int, help="rows decoded together (default 128)")
+    s.add_argument("--max-wait-ms", type=float, help="how long a lone request waits for company (default 5)")
+    s.add_argument("--max-queue-size", type=int, help="requests waiting before 429 (default 1024)")
+    s.add_argument("--redis-url", help="result cache and job store (default: in-process)")
+    s.add_argument("--batching", choices=["continuous", "static"], help=argparse.SUPPRESS)
+    add_log_level(s, None)
+    s.add_argument("--torch-threads", type=int, help="torch threads (default 0: the cores, at most 4)")
     s.add_argument("--engine-replicas", type=int,
                    help="engine processes, each with its share of the cores (0: one per core)")
-    s.add_argument("--matmul", choices=MATMUL_CHOICES)
+    s.add_argument("--matmul", choices=MATMUL_CHOICES, help="linear layers' precision (default float32)")
     s.set_defaults(fn=cmd_serve)
 
+
+def _add_warmup(sub: Any) -> None:
     w = sub.add_parser("warmup", help="warm a running service or cluster")
-    w.add_argument("--url", required=True)
-    w.add_argument("--file")
+    w.add_argument("--url", required=True, help="the service or nginx in front of a cluster")
+    w.add_argument("--file", help="upper lines to send, one a line (default: the built-in list)")
     w.add_argument("--api-key", default=None,
                    help="X-API-Key, needed when the service has CHUNLIAN_API_KEYS (default: $CHUNLIAN_API_KEY)")
     w.add_argument("--batches-in-flight", type=whole_number(1, 64, "batches"), default=2,
                    help="batches of 256 sent at once (behind nginx: to that many instances; default 2)")
-    w.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_no_progress(w)
     w.set_defaults(fn=cmd_warmup)
 
-    for mod in PLUGINS:
-        try:
-            register: Callable[[Any], None] = importlib.import_module(mod).register
-        except ModuleNotFoundError as exc:
-            if exc.name and mod.startswith(exc.name):
-                continue  # that area is not installed in this build
-            raise
-        register(sub)
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = Parser(prog="chunlian", description="Spring Festival couplets (春联)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    for add in (_add_generate, _add_compose, _add_data, _add_train, _add_eval, _add_serve, _add_warmup,
+                bench_cli.register, jobs_cli.register, cluster_cli.register):
+        add(sub)
     return ap
 
 
@@ -418,9 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.fn(args) or 0)
     except InvalidInput as e:
-        return _fail(e.message)
+        return fail(e.message)
     except ConfigError as e:
-        return _fail(str(e))
+        return fail(str(e))
     except ChunlianError as e:
         print(f"chunlian: {e}", file=sys.stderr)
         return 1

@@ -80,16 +80,9 @@ class Settings(BaseSettings):
     # of the answers and slows large batches (4-22%); so fp32 by default
     matmul: Matmul = "float32"
     """Precision of the model's linear layers; `float32` is the default and the reference for every quality figure. Any other choice shows in the model tag (responses, cache keys)."""
-    # with one engine (engine_replicas 1, or auto on cuda): run its core (model, scheduler)
-    # in its own process (engine.process): the web server and the engine then hold separate
-    # interpreter locks and can use separate cores. (Replicas always run in child processes.)
-    # Off by default: on 2 cores it gave +10-15% on misses but, under the 2,000-connection
-    # overload, starved the web process (answers past their deadline); see docs/performance.md
-    engine_process: bool = False
-    """With one engine: run it in a child process instead of a thread of the web server."""
     # engine processes behind one dispatcher (engine.replicas), each with its share of the
     # cores (torch_threads each, default cores // replicas) and of max_batch_size and
-    # max_queue_size. 1: one engine (in this process, or in one child with engine_process).
+    # max_queue_size. 1: one engine, in this process.
     # 0 = auto: one per core on a CPU (at most 8 and at most max_batch_size), 1 on cuda
     # (one GPU, one engine)
     engine_replicas: int = Field(0, ge=0, le=64)
@@ -284,17 +277,13 @@ class Settings(BaseSettings):
     @property
     def engine_in_child(self) -> bool:
         """Whether the model runs in child processes (one, or several replicas)."""
-        return self.engine_process or self.resolved_engine_replicas() > 1
+        return self.resolved_engine_replicas() > 1
 
     def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
-        try:
-            import torch
+        """``device`` with ``auto`` resolved (``model.device``)."""
+        from chunlian.model.device import resolve_device
 
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        except ImportError:
-            return "cpu"
+        return resolve_device(self.device)
 
 
 def usable_cores() -> int:

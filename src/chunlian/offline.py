@@ -122,9 +122,6 @@ class OfflineGenerator:
     # > 0 (with beam_width > 1): the beam's candidates are reranked by
     # log p(lower | upper) + channel_weight * log p(upper | lower) (model.channel)
     channel_weight: float = 0.0
-    # more models averaged with this one's in the beam search (and the channel scores):
-    # an ensemble; their requests take the beam path even at width 1 (greedy)
-    members: tuple[LoadedModel, ...] = ()
     # > 0 (with a beam): rescore_weight * log p(lower | upper) of these other weights joins
     # each candidate's score (a second opinion on the beam's candidates; model.channel)
     rescorers: tuple[LoadedModel, ...] = ()
@@ -137,12 +134,16 @@ class OfflineGenerator:
     def load(
         cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
         matmul: str = "float32", blocklist: Blocklist | None = None, channel_weight: float = 0.0,
-        ensemble: tuple[Path, ...] = (), rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
+        rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
     ) -> OfflineGenerator:
         """``blocklist``: the bans on generated text (default: ``Settings.generation_blocklist``
-        of the environment's settings, as the service applies them)."""
+        of the environment's settings, as the service applies them); ``device``: cpu, cuda
+        or auto (``model.device``)."""
         from chunlian.config import load_settings
+        from chunlian.model.device import resolve_device
         from chunlian.model.hengpi import HengpiSelector
+
+        device = resolve_device(device)
 
         check_beam(beam_width)
         check_channel(channel_weight, beam_width)
@@ -150,9 +151,8 @@ class OfflineGenerator:
         loaded = load_weights(model_path, device, matmul)
         bans = load_settings().generation_blocklist() if blocklist is None else blocklist
         runner = ModelRunner(loaded, capacity, device, blocklist=bans)
-        members = tuple(load_weights(p, device, matmul) for p in ensemble)
         rescorers = tuple(load_weights(p, device, matmul) for p in rescore) if rescore_weight > 0 else ()
-        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight, members,
+        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight,
                    rescorers, rescore_weight)
 
     @classmethod
@@ -198,7 +198,7 @@ class OfflineGenerator:
     def _beam(self, requests: list[CoupletRequest]) -> dict[int, SeqOutput]:
         """Beam-searched outputs of the eligible requests, keyed by ``id(request)``; their
         sequence ids are negative so they never meet the runner's (1, 2, ...)."""
-        if self.beam_width <= 1 and not self.members:
+        if self.beam_width <= 1:
             return {}
         todo = [r for r in requests if r.upper is not None and r.params.greedy]
         if not todo:
@@ -209,7 +209,7 @@ class OfflineGenerator:
 
             searcher = self._searcher = BeamSearcher(
                 self.loaded, self.runner.constrainer, self.runner.tone_bias,
-                max_rows=max(self.runner.capacity, self.beam_width), members=self.members,
+                max_rows=max(self.runner.capacity, self.beam_width),
             )
         items = [(simplified_request(r).upper or "", r.style) for r in todo]
         if self.channel_weight > 0 or self.rescore_weight > 0:
@@ -218,7 +218,7 @@ class OfflineGenerator:
             nbest = searcher.search_nbest(items, self.beam_width)
             terms: list[tuple[float, Scores]] = []
             if self.channel_weight > 0:
-                terms.append((self.channel_weight, candidate_scores((self.loaded, *self.members), items, nbest)))
+                terms.append((self.channel_weight, candidate_scores((self.loaded,), items, nbest)))
             if self.rescore_weight > 0:
                 terms.append((self.rescore_weight, candidate_scores(self.rescorers, items, nbest, forward=True)))
             found = rerank(nbest, *terms)

@@ -223,7 +223,7 @@ def cluster(weights: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     workers = ["--workers", "1"] if WITH_WORKERS else []  # one Celery worker, when jobs exist
     proc = _launch(
         ["--instances", "2", "--port", str(port), "--redis-url", REDIS_URL, "--torch-threads", "1",
-         "--nginx-workers", "1", "--prefix", str(prefix), "--ready-timeout", str(READY_LIMIT_S),
+         "--nginx-workers", "1", "--prefix", str(prefix), "--ready-timeout-s", str(READY_LIMIT_S),
          "--nginx-metrics-port", "0", "--json", *workers],
         _env(marker, weights),
     )
@@ -469,7 +469,7 @@ def test_an_instance_dying_at_start_up_stops_everything(weights: Path, tmp_path:
     env = _env(marker, weights, CHUNLIAN_MODEL_PATH=str(tmp_path / "no-such-model.safetensors"))
     prefix = tmp_path / "prefix"
     proc = _launch(["--instances", "2", "--port", str(free_port()), "--redis-url", REDIS_URL,
-                    "--prefix", str(prefix), "--ready-timeout", str(READY_LIMIT_S)], env)
+                    "--prefix", str(prefix), "--ready-timeout-s", str(READY_LIMIT_S)], env)
     try:
         out, err = proc.communicate(timeout=READY_LIMIT_S + 60)
         leftovers = _ours(marker, prefix)
@@ -495,7 +495,7 @@ def test_nginx_failing_to_bind_stops_everything_with_nginx_words(weights: Path, 
         port = taken.getsockname()[1]
         prefix = tmp_path / "prefix"
         proc = _launch(["--instances", "1", "--port", str(port), "--redis-url", REDIS_URL,
-                        "--prefix", str(prefix), "--ready-timeout", str(READY_LIMIT_S)],
+                        "--prefix", str(prefix), "--ready-timeout-s", str(READY_LIMIT_S)],
                        _env(marker, weights))
         try:
             out, err = proc.communicate(timeout=READY_LIMIT_S + 60)
@@ -515,7 +515,7 @@ def test_a_sigkilled_launcher_leaves_nothing_behind(weights: Path, tmp_path: Pat
     marker = uuid.uuid4().hex
     prefix = tmp_path / "prefix"
     proc = _launch(["--instances", "2", "--port", str(free_port()), "--redis-url", REDIS_URL,
-                    "--prefix", str(prefix), "--ready-timeout", str(READY_LIMIT_S)], _env(marker, weights))
+                    "--prefix", str(prefix), "--ready-timeout-s", str(READY_LIMIT_S)], _env(marker, weights))
     try:
         # every child spawned: nginx (spawned last) has written its pid file
         pid_file = prefix / "nginx" / "nginx.pid"

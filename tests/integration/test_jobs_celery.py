@@ -85,7 +85,7 @@ class Worker:
     def start(self) -> Worker:
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--loglevel", "INFO"],
+            [sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--log-level", "INFO"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
         )
         log.close()

@@ -125,13 +125,13 @@ def test_cli_splits_a_long_file_into_jobs_and_collects_them_as_one(live: LiveSer
     assert [j["total"] for j in jobs] == [10, 10, 5]
     out = tmp_path / "all.jsonl"
     p = subprocess.run([sys.executable, "-m", "chunlian.cli", "jobs", "results", *(j["job_id"] for j in jobs),
-                        "--wait", "--poll-s", "0.2", "--quiet", "--out", str(out), "--url", live.base_url],
+                        "--wait", "--poll-s", "0.2", "--no-progress", "--out", str(out), "--url", live.base_url],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0 and "3 jobs: done: 25 done, 0 failed" in p.stderr, p.stderr
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [r["index"] for r in rows] == list(range(25)) and [r["upper"] for r in rows] == lines
     # --wait on submit: the same, in one go
-    p = subprocess.run(submit + ["--wait", "--quiet", "--poll-s", "0.2"], capture_output=True, text=True,
+    p = subprocess.run(submit + ["--wait", "--no-progress", "--poll-s", "0.2"], capture_output=True, text=True,
                        timeout=300, cwd=ROOT)
     assert p.returncode == 0 and "3 jobs: done: 25 done" in p.stderr, p.stderr
     assert [json.loads(line)["upper"] for line in p.stdout.splitlines()] == lines
@@ -151,7 +151,7 @@ def test_cli_quality_job_answers_what_the_offline_quality_mode_does(live: LiveSe
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "results.jsonl"
     cmd = [sys.executable, "-m", "chunlian.cli", "jobs", "submit", str(src), "--quality", "--wait",
-           "--out", str(out), "--url", live.base_url, "--poll-s", "0.2", "--quiet"]
+           "--out", str(out), "--url", live.base_url, "--poll-s", "0.2", "--no-progress"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]

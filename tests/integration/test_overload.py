@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from chunlian.bench.reliability.services import Hold
 from chunlian.config import load_settings
 from chunlian.engine.engine import Engine
 from tests.integration.live_server import LiveServer, model_path
+from tests.reliability.harness.services import Hold
 from tests.unit.test_api_metrics import sample
 from tests.unit.test_api_routes import assert_error
 

@@ -8,7 +8,7 @@ whole session so that each starts once.
   ``max_batch_size=1`` and a ``Hold`` on the engine, so a test can park the engine at a
   known point instead of racing it.
 
-The scenarios themselves live in ``chunlian.bench.reliability``; the long versions run with
+The scenarios themselves live in ``tests.reliability.harness``; the long versions run with
 ``scripts/reliability.sh`` (and here under ``-m slow``).
 """
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from chunlian.bench import reliability as rel
 from tests.integration.live_server import model_path
+from tests.reliability import harness as rel
 
 
 def need(reason: str | None) -> None:

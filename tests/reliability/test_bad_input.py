@@ -11,7 +11,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from chunlian.bench import reliability as rel
+from tests.reliability import harness as rel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

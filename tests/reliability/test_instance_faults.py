@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chunlian.bench import reliability as rel
+from tests.reliability import harness as rel
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 

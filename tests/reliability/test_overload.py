@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from chunlian.bench import reliability as rel
+from tests.reliability import harness as rel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunlian.bench import reliability as rel
+from tests.reliability import harness as rel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

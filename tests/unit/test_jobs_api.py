@@ -269,7 +269,7 @@ def test_cli_registers_its_commands() -> None:
     a = p.parse_args(["jobs", "submit", "f.txt", "--style", "family", "--wait", "--out", "r.csv", "--url", "http://x"])
     assert (a.file, a.style, a.wait, a.out, a.url) == ("f.txt", "family", True, "r.csv", "http://x")
     w = p.parse_args(["worker", "--concurrency", "2", "--loglevel", "WARNING"])
-    assert (w.concurrency, w.loglevel) == (2, "WARNING")
+    assert (w.concurrency, w.log_level) == (2, "WARNING")
 
 
 def test_worker_without_a_broker_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -100,26 +100,6 @@ def test_nbest_beams_are_distinct_ruled_lines_best_first_and_their_head_is_the_s
             assert_rules(upper, h.lower)
 
 
-def test_an_ensemble_of_a_model_with_itself_searches_as_the_model_alone() -> None:
-    """Averaging identical log-probabilities changes nothing: same beams, same scores; a
-    member with another vocabulary is refused."""
-    import dataclasses
-
-    runner = ModelRunner(shipped(), 16)
-    items = [(u, "traditional") for u in UPPERS[:5]]
-    alone = searcher().search_nbest(items, 3)
-    twin = BeamSearcher(shipped(), runner.constrainer, runner.tone_bias, 256, members=[shipped()])
-    together = twin.search_nbest(items, 3)
-    assert [[h.lower for h in hs] for hs in together] == [[h.lower for h in hs] for hs in alone]
-    for hs_a, hs_t in zip(alone, together, strict=True):
-        for a, t in zip(hs_a, hs_t, strict=True):
-            assert abs(a.logprob - t.logprob) < 1e-3
-    other = dataclasses.replace(shipped(), tokenizer=type(shipped().tokenizer)(
-        [*shipped().tokenizer.itos[:20], *reversed(shipped().tokenizer.itos[20:])]))
-    with pytest.raises(ValueError, match="another vocabulary"):
-        BeamSearcher(shipped(), runner.constrainer, runner.tone_bias, 256, members=[other])
-
-
 def test_channel_scores_are_the_reverse_teacher_forced_log_probabilities() -> None:
     """``log p(upper | lower)`` equals the sum of per-step log-probabilities computed one
     prefix at a time; a batch of mixed lengths gives each triple what it gets alone."""

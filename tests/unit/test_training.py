@@ -151,7 +151,7 @@ def test_augment_reverse_from_weights_without_the_register_token_is_one_line(
 
     _data(tmp_path)
     train(_cfg(tmp_path, "a"), progress=False)
-    code = main(["train", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "b"), "--quiet",
+    code = main(["train", "--data", str(tmp_path / "data"), "--out-dir", str(tmp_path / "b"), "--no-progress",
                  "--export", str(tmp_path / "b" / "w.safetensors"), "--max-steps", "2", "--augment-reverse",
                  "--init-from", str(tmp_path / "a" / "w.safetensors")])
     assert code == 2

@@ -33,10 +33,6 @@ def _build_engine(settings: Settings) -> EngineLike:
         from chunlian.engine.replicas import ReplicatedEngine
 
         return ReplicatedEngine.from_settings(settings)
-    if settings.engine_process:  # the model loads in the child, at start()
-        from chunlian.engine.process import ProcessEngine
-
-        return ProcessEngine(settings)
     from chunlian.engine.engine import Engine
 
     return Engine.from_settings(settings)

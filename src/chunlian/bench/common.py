@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
+
+PLOT_EXTRA = "plots need matplotlib: pip install 'chunlian[plot]'"
+
+
+def can_plot() -> bool:
+    """Whether matplotlib (the ``plot`` extra) is installed."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only, no display)."""
+    if not can_plot():
+        raise RuntimeError(PLOT_EXTRA)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def percentile(xs: list[float], q: float) -> float:

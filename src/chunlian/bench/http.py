@@ -17,6 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from chunlian.bench.common import PLOT_EXTRA, can_plot
+from chunlian.cliargs import add_no_progress, hidden_alias, positive
+
 
 def _csv_ints(text: str) -> tuple[int, ...]:
     try:
@@ -55,17 +58,6 @@ def _non_negative_int(text: str) -> int:
     return v
 
 
-def positive(kind: type) -> Any:
-    """An argparse type: ``kind`` of the text, which must be > 0."""
-    def conv(text: str) -> Any:
-        v = kind(text)
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-        return v
-
-    return conv
-
-
 def _fail(msg: str, code: int = 2) -> int:
     print(f"chunlian bench: error: {msg}", file=sys.stderr)
     return code
@@ -88,6 +80,8 @@ def cmd_http(args: argparse.Namespace) -> int:
     from chunlian.bench.loadgen import format_report, plot_timeline, run_load
     from chunlian.bench.plan import RequestPlan, check_url, is_loopback, load_lines
 
+    if args.plot and not can_plot():
+        return _fail(PLOT_EXTRA)
     try:
         url = check_url(args.url)
         plan = RequestPlan(load_lines(args.data), unique_ratio=args.unique_ratio, hot_size=args.hot_size,
@@ -118,6 +112,8 @@ def cmd_http(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from chunlian.bench.sweep import confirm_points, leading_points, run_sweep, write_outputs
 
+    if args.plot and not can_plot():
+        return _fail(PLOT_EXTRA)
     load = {"concurrency": args.concurrency, "duration_s": args.duration, "warmup_s": args.warmup,
             "max_requests": args.requests, "unique_ratio": 1.0, "extra_settings": _server_settings(args),
             "progress": _progress(args)}
@@ -176,19 +172,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser, concurrency: int, duration: float, warmup: float) -> None:
     p.add_argument("--concurrency", type=positive(int), default=concurrency,
                    help=f"requests in flight at once (closed loop; default {concurrency})")
-    p.add_argument("--duration", type=positive(float), default=duration,
+    p.add_argument("--duration-s", dest="duration", type=positive(float), default=duration,
                    help=f"seconds of measured load per run (default {duration:g})")
-    p.add_argument("--warmup", type=float, default=warmup,
+    hidden_alias(p, "--duration", "duration", type=positive(float))
+    p.add_argument("--warmup-s", dest="warmup", type=float, default=warmup,
                    help=f"seconds of unmeasured warm-up load first (default {warmup:g})")
+    hidden_alias(p, "--warmup", "warmup", type=float)
     p.add_argument("--data", type=Path, default=None,
                    help="upper lines, one a line (.tsv: first column); default: the built-in 400")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_no_progress(p)
 
 
 def _server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", type=Path, default=None, help="CHUNLIAN_MODEL_PATH of the servers")
-    p.add_argument("--device", choices=["cpu", "cuda", "auto"], default=None, help="CHUNLIAN_DEVICE")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None,
+                   help="CHUNLIAN_DEVICE of the servers (default auto)")
     p.add_argument("--torch-threads", type=int, default=None, help="CHUNLIAN_TORCH_THREADS")
     p.add_argument("--out-dir", type=Path, default=Path("runs/bench"), help="where results go (default runs/bench/, git-ignored)")
 
@@ -205,7 +204,9 @@ def register(bsub: Any) -> None:
                    help="share of requests that are fresh lines; the rest repeat a hot set (default 1)")
     h.add_argument("--hot-size", type=positive(int), default=16, help="lines in the hot set (default 16)")
     h.add_argument("--seed", type=int, default=0, help="seed of the request mix; another seed sends other fresh requests (default 0)")
-    h.add_argument("--timeout", type=positive(float), default=30.0, help="per-request client timeout, s")
+    h.add_argument("--timeout-s", dest="timeout", type=positive(float), default=30.0,
+                   help="per-request client timeout, seconds (default 30)")
+    hidden_alias(h, "--timeout", "timeout", type=positive(float))
     h.add_argument("--client", choices=["auto", "raw", "httpx"], default="auto",
                    help="raw: a lean HTTP/1.1 client (http only); auto: raw for http, httpx for https")
     h.add_argument("--server-pid", type=int, default=None, help="a local server process: report its CPU use")

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from chunlian.bench.common import percentile
+from chunlian.bench.common import percentile, pyplot
 from chunlian.bench.plan import (
     DEFAULT_URL,
     ENDPOINT,
@@ -366,11 +366,7 @@ def format_report(rep: dict[str, Any]) -> str:
 
 def plot_timeline(res: LoadResult, path: Path, title: str | None = None) -> Path:
     """Requests/s and latency (p50/p99 of each second; hits and misses) over the window."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     secs = max(1, int(res.window_s + 0.999))
     ok = [r for r in res.records if r.status == "200"]
     per_s: list[list[float]] = [[] for _ in range(secs)]

@@ -150,7 +150,7 @@ def _mean_phase(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def run_service_bench(
     *, duration_s: float = 15.0, hit_concurrency: int = 64, miss_concurrency: int = 64,
     max_batch_size: int = 64, engine_requests: int = 1200, hot_size: int = 16,
-    progress: bool = True, data: Path | None = None, engine_process: bool = False,
+    progress: bool = True, data: Path | None = None,
     rounds: int = 2, engine_replicas: int = 0,
 ) -> dict[str, Any]:
     """Run the phases of the module docstring in ``rounds``; return one JSON-able report."""
@@ -158,17 +158,15 @@ def run_service_bench(
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     lines = load_lines(data)
     hot = lines[-hot_size:]
-    served = load_settings(max_batch_size=max_batch_size, engine_replicas=engine_replicas,
-                           engine_process=engine_process)
+    served = load_settings(max_batch_size=max_batch_size, engine_replicas=engine_replicas)
     replicas = served.resolved_engine_replicas()
     slice_s = duration_s / rounds
     out: dict[str, Any] = {"meta": {"duration_s": duration_s, "rounds": rounds,
                                     "hit_concurrency": hit_concurrency,
                                     "miss_concurrency": miss_concurrency,
                                     "max_batch_size": max_batch_size, "cpus": os.cpu_count(),
-                                    "engine_process": engine_process, "engine_replicas": replicas}}
-    settings = {"max_batch_size": max_batch_size, "engine_process": engine_process,
-                "engine_replicas": replicas}
+                                    "engine_replicas": replicas}}
+    settings = {"max_batch_size": max_batch_size, "engine_replicas": replicas}
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ("bare", "hits", "misses", "t1", "t2", "replicas")}
     # both servers stay up (idle between their phases); the engine peaks run in child processes
     with bare_server() as (bare_url, bare_pid), run_server(settings) as srv:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chunlian.bench.common import mean_fields, wait_until_ok
+from chunlian.bench.common import can_plot, mean_fields, pyplot, wait_until_ok
 from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
 
@@ -165,11 +165,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 
 def plot_sweep(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
     """Requests/s and p99 against max_batch_size, one line per max_wait_ms (log2 x axis)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for wait in sorted({r["max_wait_ms"] for r in rows}):
         pts = sorted((r for r in rows if r["max_wait_ms"] == wait), key=lambda r: r["max_batch_size"])
@@ -320,7 +316,8 @@ def confirmation_table(rows: list[dict[str, Any]]) -> str:
 
 def write_outputs(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any], slo_p99_ms: float,
                   plot_path: Path | None = None, confirmed: list[dict[str, Any]] | None = None) -> dict[str, Path]:
-    """sweep.md, sweep.json and the plot (sweep.png, or ``plot_path``) under ``out_dir``.
+    """sweep.md, sweep.json and the plot (sweep.png, or ``plot_path``) under ``out_dir``; the
+    plot only where matplotlib is installed (the ``plot`` extra) unless ``plot_path`` asks for it.
     With ``confirmed`` (``confirm_points``' rows) the best point is chosen among those, by
     the same rule; the single pass's choice is kept beside it."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -341,11 +338,11 @@ def write_outputs(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any
             md.append("")
     if best is not None:
         md.append(_best_line(best, slo_p99_ms, "Best here (confirmed)" if confirmed else "Best here"))
-    paths = {"md": out_dir / "sweep.md", "json": out_dir / "sweep.json",
-             "png": plot_path or out_dir / "sweep.png"}
+    paths = {"md": out_dir / "sweep.md", "json": out_dir / "sweep.json"}
     paths["md"].write_text("\n".join(md) + "\n", encoding="utf-8")
     doc = {"meta": meta, "best": best, "best_single_pass": single, "slo_p99_ms": slo_p99_ms,
            "confirmation": confirmed or [], "rows": rows}
     paths["json"].write_text(json.dumps(doc, ensure_ascii=False, indent=1), encoding="utf-8")
-    plot_sweep(table, paths["png"], title=str(meta.get("title", "")))
+    if plot_path is not None or can_plot():
+        paths["png"] = plot_sweep(table, plot_path or out_dir / "sweep.png", title=str(meta.get("title", "")))
     return paths

@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from chunlian.cliargs import hidden_alias
+
 
 def _ports(text: str) -> list[int]:
     try:
@@ -96,7 +98,7 @@ def _cluster(args: argparse.Namespace) -> int:
         torch_threads=args.torch_threads,
         instance_ports=args.instance_ports or (),
         prefix=Path(args.prefix) if args.prefix else None,
-        ready_timeout_s=args.ready_timeout,
+        ready_timeout_s=args.ready_timeout_s,
         nginx=args.nginx,
         nginx_worker_processes=args.nginx_workers,
         deadline_s=args.deadline_s,
@@ -171,7 +173,9 @@ def register(sub: Any) -> None:
     c.add_argument("--prefix", default=None,
                    help="directory for nginx's config, pid, temp files and every log (kept); "
                         "default: a temporary one, removed on exit")
-    c.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    c.add_argument("--ready-timeout-s", type=float, default=120.0,
+                   help="seconds to wait for readiness (default 120)")
+    hidden_alias(c, "--ready-timeout", "ready_timeout_s", type=float)
     c.add_argument("--deadline-s", type=float, default=None,
                    help="longest request deadline allowed through nginx (default max(30, service default))")
     c.add_argument("--nginx", default=None, help="the nginx binary (default: on PATH or /usr/sbin/nginx)")

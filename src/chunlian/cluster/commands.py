@@ -13,24 +13,9 @@ from chunlian.errors import ConfigError
 WORKER_READY = " ready."  # Celery's log line once a worker consumes ("celery@host ready.")
 
 
-def worker_command() -> list[str] | None:
-    """The command that runs one Celery worker (``chunlian worker``), or None when this build
-    has no jobs module (``chunlian.jobs`` and its ``worker`` command)."""
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec("chunlian.jobs.cli") is None:
-            return None
-        from chunlian.cli import build_parser
-
-        parser = build_parser()
-    except Exception:  # noqa: BLE001 - a half-written jobs module means: no workers
-        return None
-    for action in parser._subparsers._group_actions if parser._subparsers else ():  # noqa: SLF001
-        choices = getattr(action, "choices", None)
-        if isinstance(choices, dict) and "worker" in choices:
-            return [sys.executable, "-m", "chunlian.cli", "worker", "--loglevel", "INFO"]
-    return None
+def worker_command() -> list[str]:
+    """The command that runs one Celery worker (``chunlian worker``)."""
+    return [sys.executable, "-m", "chunlian.cli", "worker", "--log-level", "INFO"]
 
 
 def _setting_default(name: str) -> Any:

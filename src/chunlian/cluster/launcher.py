@@ -231,10 +231,6 @@ class Cluster:
         binary = nginx_binary(spec.nginx)  # fail before spawning anything
         env = {**os.environ, **spec.env}
         worker_cmd = worker_command() if spec.workers else None
-        if spec.workers and worker_cmd is None:
-            self.worker_note = (f"{spec.workers} worker(s) requested but this build has no jobs "
-                                "module (chunlian.jobs with a 'worker' command): starting none")
-            self.say(f"note: {self.worker_note}")
 
         broker = spec.broker_url or env.get("CHUNLIAN_BROKER_URL") or None
         if broker is None and worker_cmd is not None:

@@ -1,4 +1,4 @@
-"""The engine core in its own process (``CHUNLIAN_ENGINE_PROCESS=true``), as vLLM v1 runs its
+"""An engine core in its own process (each of ``engine.replicas``' replicas), as vLLM v1 runs its
 EngineCore: the API process keeps HTTP, the cache and the event loop; a child process keeps
 the model, the scheduler and the engine thread, with its own interpreter lock and its own
 core. Measured on this 2-core host: in one process the web server and the engine thread

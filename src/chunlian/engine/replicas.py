@@ -80,7 +80,6 @@ def replica_settings(settings: Settings, replicas: int, index: int) -> Settings:
     values = settings.model_dump()
     values.update(
         engine_replicas=1,
-        engine_process=True,
         max_batch_size=share(settings.max_batch_size, replicas, index),
         max_queue_size=max(1, share(settings.max_queue_size, replicas, index)),
         torch_threads=settings.resolved_replica_threads(replicas),

@@ -23,7 +23,6 @@ answer is still returned at once, and its rule work is skipped.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -381,13 +380,3 @@ def single_threaded_here() -> None:
     """Make the calling thread run torch ops on one thread: call it before loading a model
     on a thread other than the one that will run it (see ``ModelRunner.bind_thread``)."""
     torch.set_num_threads(1)
-
-
-def pick_device(requested: str) -> str:
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
-
-
-def time_ms() -> float:
-    return time.perf_counter() * 1000.0

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chunlian.cliargs import add_log_level, add_no_progress, hidden_alias, whole_number
 from chunlian.jobs.items import MAX_JOB_ITEMS, response_error
 from chunlian.retry import MAX_RETRIES, RETRY_STATUSES, retry_after_s
 
@@ -98,7 +99,7 @@ def _client(args: argparse.Namespace) -> Any:
     import httpx
 
     key = args.api_key or os.environ.get("CHUNLIAN_API_KEY")
-    return httpx.Client(base_url=args.url.rstrip("/"), timeout=args.timeout, transport=_polite_transport(),
+    return httpx.Client(base_url=args.url.rstrip("/"), timeout=args.timeout_s, transport=_polite_transport(),
                         headers={"X-API-Key": key} if key else {})
 
 
@@ -212,7 +213,7 @@ def _collect(client: Any, job_ids: list[str], args: argparse.Namespace, wait: bo
     try:
         for job_id in job_ids:
             if wait:
-                body = wait_for(client, job_id, args.poll_s, progress=not args.quiet)
+                body = wait_for(client, job_id, args.poll_s, progress=not args.no_progress)
             else:
                 r = client.get(f"/v1/jobs/{job_id}", params={"limit": 0})
                 if r.status_code != 200:
@@ -292,8 +293,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     # before anything imports torch: a worker shares its cores (chunlian.omp says why)
     set_spin_wait(load_settings().omp_spin, shared=True)
-    if args.broker:
-        os.environ["CHUNLIAN_BROKER_URL"] = args.broker
+    if args.broker_url:
+        os.environ["CHUNLIAN_BROKER_URL"] = args.broker_url
     if args.queue:
         os.environ["CHUNLIAN_JOB_QUEUE"] = args.queue
     if args.engine_url:
@@ -305,7 +306,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if settings.worker_nice:  # the pool's processes are forked from this one: they inherit it
         os.nice(settings.worker_nice)
     argv = [
-        "worker", f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}",
+        "worker", f"--concurrency={args.concurrency}", f"--loglevel={args.log_level}",
         f"--queues={settings.job_queue}", f"--hostname=chunlian-{os.getpid()}@%h",
         "--pool=prefork", "--without-gossip", "--without-mingle",
     ]
@@ -317,38 +318,38 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=os.environ.get("CHUNLIAN_URL", DEFAULT_URL),
                    help=f"the service (default: $CHUNLIAN_URL or {DEFAULT_URL})")
     p.add_argument("--api-key", default=None, help="X-API-Key (default: $CHUNLIAN_API_KEY)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds per HTTP request")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="seconds per HTTP request (default 60)")
+    hidden_alias(p, "--timeout", "timeout_s", type=float)
 
 
 def register(sub: Any) -> None:
-    from chunlian.cli import whole_number
-
+    """Add ``chunlian jobs ...`` and ``chunlian worker``."""
     jobs = sub.add_parser("jobs", help="bulk jobs: submit a file, poll, fetch results, cancel")
     jsub = jobs.add_subparsers(dest="jobs_command", required=True)
     s = jsub.add_parser("submit", help="submit a file of upper lines (or a TSV) as one job")
-    s.add_argument("file")
+    s.add_argument("file", help="one 上联 per line, or a TSV whose header names its columns")
     s.add_argument("--style", default=None, help="style for items that do not name one")
     s.add_argument("--wait", action="store_true", help="wait with a progress bar, then write results")
     s.add_argument("--quality", action="store_true",
                    help="the offline quality mode for every item (上联 items only; ~5x slower, closer to real couplets)")
     s.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
-    s.add_argument("--poll-s", type=float, default=1.0)
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--poll-s", type=float, default=1.0, help="seconds between status polls (default 1)")
+    add_no_progress(s, old_quiet=True)
     s.add_argument("--items-per-job", type=whole_number(1, MAX_JOB_ITEMS, "items", " (a job's limit)"), default=MAX_JOB_ITEMS, metavar="N",
                    help=f"a longer file is submitted as several jobs of N items (default and most {MAX_JOB_ITEMS}, "
                         "a job's limit); without --wait one line is printed a job")
     _client_flags(s)
     s.set_defaults(fn=cmd_submit)
     st = jsub.add_parser("status", help="a job's status and progress")
-    st.add_argument("job_id")
+    st.add_argument("job_id", help="the id 'jobs submit' printed")
     _client_flags(st)
     st.set_defaults(fn=cmd_status)
     res = jsub.add_parser("results", help="write a job's results (.jsonl or .csv), waiting for it with --wait")
     res.add_argument("job_id", nargs="+", help="one or more job ids (several: one file, in this order)")
     res.add_argument("--wait", action="store_true", help="wait with a progress bar until the job has finished")
     res.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
-    res.add_argument("--poll-s", type=float, default=1.0)
-    res.add_argument("--quiet", action="store_true", help="no progress bar")
+    res.add_argument("--poll-s", type=float, default=1.0, help="seconds between status polls (default 1)")
+    add_no_progress(res, old_quiet=True)
     _client_flags(res)
     res.set_defaults(fn=cmd_results)
     ls = jsub.add_parser("list", help="the newest jobs, newest first")
@@ -357,14 +358,15 @@ def register(sub: Any) -> None:
     _client_flags(ls)
     ls.set_defaults(fn=cmd_list)
     c = jsub.add_parser("cancel", help="cancel what has not run of a job")
-    c.add_argument("job_id")
+    c.add_argument("job_id", help="the id 'jobs submit' printed")
     _client_flags(c)
     c.set_defaults(fn=cmd_cancel)
 
     w = sub.add_parser("worker", help="run a Celery worker for bulk jobs (needs CHUNLIAN_BROKER_URL)")
     w.add_argument("--concurrency", type=int, default=1, help="worker processes (each loads the model)")
-    w.add_argument("--loglevel", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    w.add_argument("--broker", default=None, help="redis:// URL (default: $CHUNLIAN_BROKER_URL)")
+    add_log_level(w, "INFO", old="--loglevel")
+    w.add_argument("--broker-url", default=None, help="redis:// URL (default: $CHUNLIAN_BROKER_URL)")
+    hidden_alias(w, "--broker", "broker_url")
     w.add_argument("--queue", default=None, help="queue name (default: $CHUNLIAN_JOB_QUEUE)")
     w.add_argument("--engine-url", default=None,
                    help="send items to this serving instance's engine (bulk priority) instead of "

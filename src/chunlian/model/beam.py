@@ -38,16 +38,10 @@ class BeamResult:
 
 
 class BeamSearcher:
-    """Beam search over one loaded model; ``max_rows`` bounds beams in flight (requests x width).
-
-    ``members``: more models whose next-character distributions are averaged with the
-    first's (an ensemble: the mean of their log-probabilities, over the characters the
-    vocabularies share, which must be the first model's in the same order), each with its
-    own KV cache. Without members the first model's logits are used as they are."""
+    """Beam search over one loaded model; ``max_rows`` bounds beams in flight (requests x width)."""
 
     def __init__(
         self, loaded: LoadedModel, constrainer: Constrainer, tone_bias: float, max_rows: int = 256,
-        members: Sequence[LoadedModel] = (),
     ) -> None:
         self.model = loaded.model.eval()
         self.tok = loaded.tokenizer
@@ -55,24 +49,11 @@ class BeamSearcher:
         self.tone_bias = tone_bias
         self.max_rows = max_rows
         self.device = next(self.model.parameters()).device
-        self.models = [self.model, *(m.model.eval() for m in members)]
-        self.shared_vocab = min(len(m.tokenizer) for m in (loaded, *members))
-        for m in members:
-            if m.tokenizer.itos[: self.shared_vocab] != self.tok.itos[: self.shared_vocab]:
-                raise ValueError(f"ensemble member {m.tag} has another vocabulary than {loaded.tag}")
-        self._caches: list[KVCache] = []  # one per model, allocated at the first search, then reused
+        self._caches: list[KVCache] = []  # allocated at the first search, then reused
 
     def _forward(self, caches: list[KVCache], *args: Tensor | None, **kw: Tensor) -> Tensor:
-        """``model(*args, cache, **kw)`` of every model, combined (class docstring)."""
-        if len(self.models) == 1:
-            return self.models[0](*args, caches[0], **kw)  # type: ignore[no-any-return]
-        V = self.shared_vocab
-        lp = torch.stack([torch.log_softmax(m(*args, c, **kw)[..., :V].float(), dim=-1)
-                          for m, c in zip(self.models, caches, strict=True)]).mean(dim=0)
-        extra = len(self.tok) - V  # the first model's own specials (never generated)
-        if extra:
-            lp = torch.cat([lp, lp.new_full((*lp.shape[:-1], extra), float("-inf"))], dim=-1)
-        return lp
+        """``model(*args, cache, **kw)``."""
+        return self.model(*args, caches[0], **kw)  # type: ignore[no-any-return]
 
     def search(self, items: Sequence[tuple[str, str]], width: int) -> list[BeamResult]:
         """Best 下联 for each ``(upper, style)``, in input order."""
@@ -90,7 +71,7 @@ class BeamSearcher:
         per_group = max(1, self.max_rows // width)
         rows = per_group * width
         if not self._caches or self._caches[0].rows < rows:
-            self._caches = [KVCache(m.cfg, rows, self.device, torch.float32) for m in self.models]
+            self._caches = [KVCache(self.model.cfg, rows, self.device, torch.float32)]
         caches = self._caches
         for idxs in by_len.values():
             for start in range(0, len(idxs), per_group):

@@ -41,7 +41,7 @@ def run_eval(
     data: Path, limit: int | None = None, model_path: Path | None = None, device: str = "cpu",
     baselines: bool = False, batch_size: int = 64, tone_bias: float | None = None,
     beam: int = 1, matmul: str = "float32", zodiac_year: int | None = None, channel_weight: float = 0.0,
-    ensemble: tuple[Path, ...] = (), rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
+    rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
 ) -> dict[str, Any]:
     from chunlian.offline import OfflineGenerator
 
@@ -53,7 +53,7 @@ def run_eval(
     # (BLEU-4 3.29 without, 3.12 with 2027's rule, on the 2,000 validation pairs)
     bans = with_zodiac(default_blocklist(), zodiac_year)
     gen = OfflineGenerator.load(model_path, device, capacity=batch_size, beam_width=beam, matmul=matmul,
-                                blocklist=bans, channel_weight=channel_weight, ensemble=ensemble,
+                                blocklist=bans, channel_weight=channel_weight,
                                 rescore=rescore, rescore_weight=rescore_weight)
     if tone_bias is not None:
         gen.runner.tone_bias = tone_bias
@@ -72,8 +72,6 @@ def run_eval(
     if rescore_weight > 0:
         report["rescore"] = [m.tag for m in gen.rescorers]
         report["rescore_weight"] = rescore_weight
-    if ensemble:
-        report["ensemble"] = [gen.loaded.tag, *(m.tag for m in gen.members)]
     if zodiac_year is not None:
         report["zodiac_year"] = zodiac_year
     if gen.loaded.matmul != "float32":

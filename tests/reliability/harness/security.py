@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.reliability.bad_input import Case, send_case
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.bad_input import Case, send_case
+from tests.reliability.harness.common import (
     HAN_RE,
     HOST,
     JSON_HEADERS,
@@ -23,7 +23,7 @@ from chunlian.bench.reliability.common import (
     error_shape_problem,
     json_body,
 )
-from chunlian.bench.reliability.services import ServiceProcess
+from tests.reliability.harness.services import ServiceProcess
 
 # ---- 7. security basics ------------------------------------------------------------------------------
 

@@ -15,13 +15,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.common import (
     CLUSTER_REDIS_DB,
     HOST,
     JOBS_REDIS_DB,
@@ -167,57 +167,31 @@ class Hold:
 
 
 class InProcessService:
-    """The real app and engine under uvicorn in a thread of this process, with a ``Hold``
-    on the engine (for scenarios that need the engine parked at a known point)."""
+    """The real app and engine under uvicorn in a thread of this process (the integration
+    tests' ``LiveServer``), with a ``Hold`` on the engine (for scenarios that need the engine
+    parked at a known point)."""
 
     def __init__(self, settings: Mapping[str, object]) -> None:
-        import uvicorn
-
-        from chunlian.api import create_app
         from chunlian.config import load_settings
         from chunlian.engine.engine import Engine
+        from tests.integration.live_server import LiveServer
 
         base: dict[str, object] = {"device": "cpu", "torch_threads": 1, "warmup": ()}
         self.settings = load_settings(**{**base, **settings})
         self.engine = Engine.from_settings(self.settings)
         self.hold = Hold()
         self.engine.add_step_listener(self.hold)
-        self.app = create_app(self.settings, engine=self.engine)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((HOST, 0))
-        self.port = int(self._sock.getsockname()[1])
-        self.url = f"http://{HOST}:{self.port}"
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, name="reliability-uvicorn", daemon=True)
-        self.error: BaseException | None = None
-
-    def _run(self) -> None:
-        try:
-            self.server.run(sockets=[self._sock])
-        except BaseException as e:  # surfaced by start()
-            self.error = e
+        self.live = LiveServer(self.settings, engine=self.engine)
+        self.app, self.port, self.url = self.live.app, self.live.port, self.live.base_url
 
     def start(self, ready_limit_s: float = 240.0) -> InProcessService:
-        self._thread.start()
-        deadline = time.monotonic() + ready_limit_s
-        with httpx.Client(base_url=self.url, timeout=5.0) as c:
-            while True:
-                if self.error is not None or not self._thread.is_alive():
-                    raise RuntimeError(f"in-process service failed to start: {self.error!r}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if self.server.started and c.get("/readyz").status_code == 200:
-                        return self
-                if time.monotonic() > deadline:
-                    raise RuntimeError("in-process service not ready in time")
-                time.sleep(0.1)
+        self.live.start(ready_limit_s)
+        self.live.wait_ready(ready_limit_s)
+        return self
 
     def stop(self) -> None:
         self.hold.open()
-        self.server.should_exit = True
-        self._thread.join(timeout=30)
-        self._sock.close()
+        self.live.stop()
 
     def __enter__(self) -> InProcessService:
         return self.start()
@@ -272,16 +246,6 @@ def start_redis(port: int = REDIS_PORT) -> None:
     if not redis_pings(port):
         subprocess.run(REDIS_START, capture_output=True, timeout=30, check=False)
     wait_for(lambda: redis_pings(port), 30, "redis to answer")
-
-
-@contextlib.contextmanager
-def redis_stopped(port: int = REDIS_PORT) -> Iterator[None]:
-    """Redis shut down for the body of the ``with``; always started again afterwards."""
-    try:
-        stop_redis(port)
-        yield
-    finally:
-        start_redis(port)
 
 
 def flush_db(db: int) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.common import (
     CLUSTER_REDIS_DB,
     HOST,
     HOT_LINES,
@@ -23,7 +23,7 @@ from chunlian.bench.reliability.common import (
     Outcome,
     upper_lines,
 )
-from chunlian.bench.reliability.worker_faults import cluster_available
+from tests.reliability.harness.worker_faults import cluster_available
 
 # ---- 4. instance faults ------------------------------------------------------------------------------
 

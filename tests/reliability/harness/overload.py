@@ -11,7 +11,7 @@ from collections import Counter
 import httpx
 
 from chunlian.bench.promtext import Samples, metric
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.common import (
     HOST,
     HOT_LINES,
     JSON_HEADERS,

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from chunlian.bench.promtext import Samples, metric
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.common import (
     HOST,
     HOT_LINES,
     JSON_HEADERS,
@@ -24,7 +24,7 @@ from chunlian.bench.reliability.common import (
     json_body,
     upper_lines,
 )
-from chunlian.bench.reliability.services import InProcessService
+from tests.reliability.harness.services import InProcessService
 
 # ---- 5. client faults ----------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ Every scenario is a function that drives a real service (a ``python -m chunlian.
 process, or an in-process uvicorn whose engine a test can park) over loopback and returns an
 ``Outcome``: requests sent / answered / rejected / failed, items lost, and the list of broken
 promises (``problems``; empty when the scenario passed). The CI suite
-(``tests/reliability``) calls them with small loads; ``python -m chunlian.bench.reliability``
+(``tests/reliability``) calls them with small loads; ``python -m tests.reliability.harness``
 (``scripts/reliability.sh``) runs the long versions, bounded to 10 minutes in all, and
 writes its report to ``runs/reliability.md`` (``docs/reliability.md`` cites a run).
 
@@ -41,7 +41,7 @@ scenario, ``report`` (the long run within its budget, and its Markdown report).
 
 from __future__ import annotations
 
-from chunlian.bench.reliability.bad_input import (
+from tests.reliability.harness.bad_input import (
     bad_input,
     check_hostile_reply,
     encode_body,
@@ -50,8 +50,8 @@ from chunlian.bench.reliability.bad_input import (
     hostile_request_strategy,
     run_schemathesis,
 )
-from chunlian.bench.reliability.client_faults import disconnects, queued_deadlines, slow_clients
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.client_faults import disconnects, queued_deadlines, slow_clients
+from tests.reliability.harness.common import (
     CLUSTER_REDIS_DB,
     HAN_RE,
     HOST,
@@ -60,19 +60,18 @@ from chunlian.bench.reliability.common import (
     SECURITY_REDIS_DB,
     Outcome,
 )
-from chunlian.bench.reliability.instance_faults import instance_fault
-from chunlian.bench.reliability.overload import overload
-from chunlian.bench.reliability.redis_fault import redis_fault
-from chunlian.bench.reliability.report import (
+from tests.reliability.harness.instance_faults import instance_fault
+from tests.reliability.harness.overload import overload
+from tests.reliability.harness.redis_fault import redis_fault
+from tests.reliability.harness.report import (
     API_KEYS,
     drop_queue,
     main,
     main_service_settings,
-    register,
     run_all,
 )
-from chunlian.bench.reliability.security import security
-from chunlian.bench.reliability.services import (
+from tests.reliability.harness.security import security
+from tests.reliability.harness.services import (
     InProcessService,
     ServiceProcess,
     flush_db,
@@ -80,7 +79,7 @@ from chunlian.bench.reliability.services import (
     start_redis,
     stop_redis,
 )
-from chunlian.bench.reliability.worker_faults import cluster_available, jobs_available, worker_fault
+from tests.reliability.harness.worker_faults import cluster_available, jobs_available, worker_fault
 
 __all__ = [
     "API_KEYS",
@@ -111,7 +110,6 @@ __all__ = [
     "queued_deadlines",
     "redis_fault",
     "redis_pings",
-    "register",
     "run_all",
     "run_schemathesis",
     "security",

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.common import (
     HOST,
     JSON_HEADERS,
     Outcome,

@@ -12,14 +12,14 @@ from typing import Any
 import httpx
 
 from chunlian.bench.promtext import metric
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.common import (
     HOT_LINES,
     Outcome,
     ascrape,
     server_errors,
     upper_lines,
 )
-from chunlian.bench.reliability.services import start_redis, stop_redis
+from tests.reliability.harness.services import start_redis, stop_redis
 
 # ---- 2. Redis faults ------------------------------------------------------------------------------
 

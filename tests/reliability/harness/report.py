@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.reliability.bad_input import bad_input
-from chunlian.bench.reliability.client_faults import disconnects, queued_deadlines, slow_clients
-from chunlian.bench.reliability.common import (
+from tests.reliability.harness.bad_input import bad_input
+from tests.reliability.harness.client_faults import disconnects, queued_deadlines, slow_clients
+from tests.reliability.harness.common import (
     CLUSTER_REDIS_DB,
     HOST,
     REDIS_PORT,
@@ -29,18 +29,18 @@ from chunlian.bench.reliability.common import (
     Outcome,
     raise_fd_limit,
 )
-from chunlian.bench.reliability.instance_faults import instance_fault
-from chunlian.bench.reliability.overload import overload
-from chunlian.bench.reliability.redis_fault import redis_fault
-from chunlian.bench.reliability.security import security
-from chunlian.bench.reliability.services import (
+from tests.reliability.harness.instance_faults import instance_fault
+from tests.reliability.harness.overload import overload
+from tests.reliability.harness.redis_fault import redis_fault
+from tests.reliability.harness.security import security
+from tests.reliability.harness.services import (
     InProcessService,
     ServiceProcess,
     flush_db,
     redis_pings,
     start_redis,
 )
-from chunlian.bench.reliability.worker_faults import worker_fault
+from tests.reliability.harness.worker_faults import worker_fault
 
 # ---- the long run and its report ----------------------------------------------------------------
 
@@ -130,7 +130,7 @@ def render_report(outcomes: list[Outcome], started: dt.datetime, wall_s: float, 
     lines = [
         "# Reliability run: overload, faults and hostile input",
         "",
-        "Written by `scripts/reliability.sh` (`python -m chunlian.bench.reliability`), which runs the",
+        "Written by `scripts/reliability.sh` (`python -m tests.reliability.harness`), which runs the",
         "long scenarios against real processes over loopback; the short versions run in CI",
         "(`pytest tests/reliability -m \"not slow\"`). Every loop is bounded in count and time; the",
         "whole run is bounded to 10 minutes.",
@@ -319,7 +319,7 @@ def sort_outcomes(outcomes: list[Outcome]) -> list[Outcome]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m chunlian.bench.reliability",
+    ap = argparse.ArgumentParser(prog="python -m tests.reliability.harness",
                                  description="Run the long reliability scenarios and write their report (default runs/reliability.md).")
     ap.add_argument("--scale", choices=sorted(SCALES), default="long")
     ap.add_argument("--budget-s", type=float, default=TOTAL_BUDGET_S, help="bound for the whole run (default 600)")
@@ -353,23 +353,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(o.summary() if not o.ok else f"{o.scenario}: {_result(o)}", flush=True)
     print(f"wrote {args.out} in {time.monotonic() - t0:.0f} s")
     return 0 if all(o.ok or o.skipped for o in outcomes) else 1
-
-
-def register(bsub: Any) -> None:
-    """``chunlian bench reliability`` (hook from ``chunlian.bench.cli``)."""
-    p = bsub.add_parser("reliability", help="long overload/fault/hostile-input scenarios; writes runs/reliability.md")
-    p.add_argument("--scale", choices=sorted(SCALES), default="long")
-    p.add_argument("--budget-s", type=float, default=TOTAL_BUDGET_S)
-    p.add_argument("--only", default="")
-    p.add_argument("--out", type=Path, default=DOC_PATH)
-    p.add_argument("--model-path", default=None)
-
-    def run(args: argparse.Namespace) -> int:
-        argv = ["--scale", args.scale, "--budget-s", str(args.budget_s), "--out", str(args.out)]
-        if args.only:
-            argv += ["--only", args.only]
-        if args.model_path:
-            argv += ["--model-path", args.model_path]
-        return main(argv)
-
-    p.set_defaults(fn=run)

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.reliability.common import HOST, JOBS_REDIS_DB, REDIS_PORT, Outcome, upper_lines
-from chunlian.bench.reliability.services import (
+from tests.reliability.harness.common import HOST, JOBS_REDIS_DB, REDIS_PORT, Outcome, upper_lines
+from tests.reliability.harness.services import (
     ServiceProcess,
     _child_setup,
     flush_db,
@@ -71,7 +71,7 @@ class WorkerProcess:
     def start(self, limit_s: float = 240.0) -> WorkerProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--loglevel", "INFO"],
+                [sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--log-level", "INFO"],
                 env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=_child_setup,  # noqa: PLW1509
             )
