@@ -92,7 +92,6 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--burst-ms", type=float, default=1.0)
     ap.add_argument("--period-ms", type=float, default=10.0)
-    ap.add_argument("--matmul", default="float32")
     ap.add_argument("--layout", choices=("engine", "replicas"), default="engine",
                     help="engine: one engine in this process (default); replicas: the served "
                          "layout, one single-threaded engine process per core")
@@ -104,7 +103,7 @@ def main() -> None:
         _replicas_main(args)
         return
     single_threaded_here()
-    loaded = load_weights(None, "cpu", args.matmul)
+    loaded = load_weights(None, "cpu")
     hengpi = HengpiSelector.from_loaded(loaded)
     reqs = http_requests(args.requests, seeded_share=1.0)  # what a long served miss run sends
     def run() -> dict[str, float]:
@@ -121,8 +120,7 @@ def _replicas_main(args: argparse.Namespace) -> None:
     from chunlian.bench.engine import replicated_peak
 
     def run() -> dict[str, float]:
-        r = replicated_peak(None, args.rows, args.requests, args.replicas, 1, "http",
-                            args.matmul, seeded_share=1.0)
+        r = replicated_peak(None, args.rows, args.requests, args.replicas, 1, "http", seeded_share=1.0)
         return {"steady_seq_per_s": r["steady_seq_per_s"], "seq_per_s": r["seq_per_s"]}
     out: dict[str, list[dict[str, float]]] = {"alone": [], "proc": []}
     for r in range(args.rounds):

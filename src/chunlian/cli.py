@@ -29,7 +29,6 @@ from chunlian.cliargs import (
 from chunlian.cluster import cli as cluster_cli
 from chunlian.errors import ChunlianError, ConfigError, InvalidInput
 from chunlian.jobs import cli as jobs_cli
-from chunlian.types import MATMUL_CHOICES
 
 
 def _result_obj(res: Any) -> dict[str, Any]:
@@ -82,7 +81,7 @@ def _generator(args: argparse.Namespace) -> Any:
 
     return OfflineGenerator.load(
         args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1),
-        matmul=args.matmul, channel_weight=getattr(args, "channel", 0.0),
+        channel_weight=getattr(args, "channel", 0.0),
         rescore=tuple(getattr(args, "rescore", None) or ()), rescore_weight=getattr(args, "rescore_weight", 0.0),
     )
 
@@ -196,7 +195,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _apply_quality(args)
     try:
         report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
-                          args.batch_size, args.tone_bias, args.beam, args.matmul, args.zodiac_year,
+                          args.batch_size, args.tone_bias, args.beam, args.zodiac_year,
                           args.channel, tuple(args.rescore or ()),
                           args.rescore_weight)
     except InvalidInput as e:
@@ -215,7 +214,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k) for k in ("host", "port", "model_path", "device", "max_batch_size",
                                                 "max_wait_ms", "max_queue_size", "redis_url", "batching",
-                                                "log_level", "torch_threads", "matmul", "engine_replicas")}
+                                                "log_level", "torch_threads", "engine_replicas")}
     serve(load_settings(**overrides))
     return 0
 
@@ -265,8 +264,6 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-path", type=Path, default=None, help="weights (default: the shipped ones)")
     add_device(p)
     p.add_argument("--batch-size", type=int, default=64, help="sequences decoded together (default 64)")
-    p.add_argument("--matmul", default="float32", choices=MATMUL_CHOICES,
-                   help="linear layers' precision (default float32; docs/performance.md)")
 
 
 def _request_flags(p: argparse.ArgumentParser) -> None:
@@ -365,7 +362,6 @@ def _add_serve(sub: Any) -> None:
     s.add_argument("--torch-threads", type=int, help="torch threads (default 0: the cores, at most 4)")
     s.add_argument("--engine-replicas", type=int,
                    help="engine processes, each with its share of the cores (0: one per core)")
-    s.add_argument("--matmul", choices=MATMUL_CHOICES, help="linear layers' precision (default float32)")
     s.set_defaults(fn=cmd_serve)
 
 

@@ -19,7 +19,6 @@ from pydantic_settings.exceptions import SettingsError
 
 from chunlian.errors import ConfigError
 from chunlian.omp import SpinPolicy
-from chunlian.types import Matmul
 
 if TYPE_CHECKING:
     from chunlian.data.blocklist import Blocklist
@@ -71,15 +70,6 @@ class Settings(BaseSettings):
     # wait policy is kept: OMP_WAIT_POLICY=PASSIVE cost 37% of miss throughput (docs/performance.md)
     torch_threads: int = Field(0, ge=0, le=256)
     """Intra-op threads of each engine; 0: the machine's usable cores (at most 4), shared out among engine replicas."""
-    # precision of the model's linear layers (model.lowp): bfloat16 (or auto: bf16 where the
-    # CPU has AMX) is +14% at 128-row batches there, no gain at 64, -12% for a lone request,
-    # and 1.5% of answers then depend on their batch companions; int8 (model.int8, any x86
-    # CPU) is faster at every batch size and batch-invariant, but changes a third of the
-    # answers (BLEU the same); float16 (model.half: the fp16 kernel for small batches) cuts a
-    # lone request by a third where memory is slow (AVX2 host: 42 vs 58-65 ms), changes 1.3%
-    # of the answers and slows large batches (4-22%); so fp32 by default
-    matmul: Matmul = "float32"
-    """Precision of the model's linear layers; `float32` is the default and the reference for every quality figure. Any other choice shows in the model tag (responses, cache keys)."""
     # engine processes behind one dispatcher (engine.replicas), each with its share of the
     # cores (torch_threads each, default cores // replicas) and of max_batch_size and
     # max_queue_size. 1: one engine, in this process.

@@ -133,7 +133,7 @@ class OfflineGenerator:
     @classmethod
     def load(
         cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
-        matmul: str = "float32", blocklist: Blocklist | None = None, channel_weight: float = 0.0,
+        blocklist: Blocklist | None = None, channel_weight: float = 0.0,
         rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
     ) -> OfflineGenerator:
         """``blocklist``: the bans on generated text (default: ``Settings.generation_blocklist``
@@ -148,10 +148,10 @@ class OfflineGenerator:
         check_beam(beam_width)
         check_channel(channel_weight, beam_width)
         check_rescore(rescore_weight, beam_width, len(rescore))
-        loaded = load_weights(model_path, device, matmul)
+        loaded = load_weights(model_path, device)
         bans = load_settings().generation_blocklist() if blocklist is None else blocklist
         runner = ModelRunner(loaded, capacity, device, blocklist=bans)
-        rescorers = tuple(load_weights(p, device, matmul) for p in rescore) if rescore_weight > 0 else ()
+        rescorers = tuple(load_weights(p, device) for p in rescore) if rescore_weight > 0 else ()
         return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight,
                    rescorers, rescore_weight)
 

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 Style = Literal["traditional", "business", "family", "literary"]
 Priority = Literal["interactive", "bulk"]
 BatchingMode = Literal["continuous", "static"]
-# precision of the model's linear layers at inference (model.lowp, model.int8, model.half)
-Matmul = Literal["auto", "float32", "bfloat16", "int8", "float16"]
-MATMUL_CHOICES: tuple[str, ...] = get_args(Matmul)
 
 DEFAULT_SAMPLING_TEMPERATURE = 0.8
 

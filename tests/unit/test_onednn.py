@@ -12,7 +12,6 @@ from chunlian.engine.request import SeqSpec
 from chunlian.engine.runner import ModelRunner
 from chunlian.model import onednn
 from chunlian.model.checkpoint import load_weights
-from chunlian.model.half import HalfProduct
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
 
 pytestmark = pytest.mark.skipif(not onednn.onednn_supported(), reason="this torch build has no oneDNN")
@@ -77,7 +76,6 @@ def test_load_weights_puts_it_on_fp32_cpu_models_only_and_keeps_the_state_dict()
     assert isinstance(head, onednn.OnednnHead) and plain.lm_head is head
     assert set(plain.state_dict()) == keys
     assert isinstance(load_weights(None, "cpu").model.lm_head, onednn.OnednnHead)
-    assert isinstance(load_weights(None, "cpu", "float16").model.lm_head, HalfProduct)
 
 
 def test_shipped_model_answers_are_pytorch_kernels_answers() -> None:

@@ -296,8 +296,7 @@ def test_the_offline_replicas_peak_sums_children_that_split_the_rows_and_the_req
             self.rate = 100.0 + 10 * len(codes)
 
         def communicate(self, timeout: float | None = None) -> tuple[str, str]:
-            out = {"seq_per_s": self.rate, "steady_seq_per_s": self.rate + 5, "requests": 50,
-                   "matmul": "float32"}
+            out = {"seq_per_s": self.rate, "steady_seq_per_s": self.rate + 5, "requests": 50}
             return "log line\n" + json.dumps(out) + "\n", ""
 
     monkeypatch.setattr(subprocess, "Popen", FakeChild)

@@ -9,7 +9,6 @@ from typing import Any
 
 from chunlian.bench import http
 from chunlian.cliargs import add_device, hidden_alias, positive
-from chunlian.types import MATMUL_CHOICES
 
 
 def _engine(args: argparse.Namespace) -> int:
@@ -21,7 +20,7 @@ def _engine(args: argparse.Namespace) -> int:
                              engine_replicas=args.engine_replicas)
     replicas = settings.resolved_engine_replicas()  # 0: as the service's auto setting gives here
     report = run(args.model_path, args.max_batch_size, args.requests, args.sequential_requests,
-                 args.torch_threads, sweep, settings.resolved_device(), args.rounds, args.matmul, replicas)
+                 args.torch_threads, sweep, settings.resolved_device(), args.rounds, replicas)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
     else:
@@ -54,8 +53,6 @@ def _add_engine(bsub: Any) -> None:
                    help="requests of the one-at-a-time run (default 100)")
     e.add_argument("--torch-threads", type=positive(int), default=2, help="torch threads (default 2)")
     hidden_alias(e, "--threads", "torch_threads", type=positive(int))
-    e.add_argument("--matmul", default="float32", choices=MATMUL_CHOICES,
-                   help="linear layers' precision (default float32; docs/performance.md)")
     e.add_argument("--sweep", default="", help="also a table by max_batch_size, e.g. 1,8,32,128")
     e.add_argument("--engine-replicas", type=int, default=0,
                    help="also continuous batching on this many single-engine processes side by side, "

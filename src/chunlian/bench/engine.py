@@ -112,7 +112,7 @@ async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], 
 def run(
     model_path: Path | None = None, max_batch_size: int = 128, requests: int = 400,
     sequential_requests: int = 100, threads: int = 2, sweep: list[int] | None = None,
-    device: str = "cpu", rounds: int = 2, matmul: str = "float32", replicas: int = 1,
+    device: str = "cpu", rounds: int = 2, replicas: int = 1,
 ) -> dict[str, Any]:
     """Run the three modes (and an optional batch-size sweep); return one flat report.
 
@@ -130,7 +130,7 @@ def run(
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     single_threaded_here()  # the engine threads get ``threads`` (ModelRunner.bind_thread)
-    loaded = load_weights(model_path, device, matmul)
+    loaded = load_weights(model_path, device)
     hengpi = HengpiSelector.from_loaded(loaded)
     mix = mixed_lines(requests)
     # the sequential run is slow, so it takes a sample - with the mix's length distribution
@@ -161,7 +161,7 @@ def run(
         if replicas > 1:
             replica_runs.append(replicated_peak(str(model_path) if model_path else None, max_batch_size,
                                                 len(mix), replicas, max(1, threads // replicas),
-                                                "mixed", matmul))
+                                                "mixed"))
             sequential_slice()
     while slices:
         sequential_slice()
@@ -177,7 +177,6 @@ def run(
         "sequential_mean_chars": _mean_chars(seq_mix),
         "max_batch_size": max_batch_size,
         "torch_threads": threads,
-        "matmul": loaded.matmul,
         "rounds": rounds,
         "sequential_seq_per_s": round(seq["seq_per_s"], 1),
         "static_seq_per_s": round(static["seq_per_s"], 1),
@@ -252,11 +251,10 @@ def http_requests(count: int, seeded_share: float = 0.0) -> list[CoupletRequest]
 
 
 def peak(model_path: str | None, max_batch_size: int, requests: int, threads: int,
-         workload: str = "mixed", matmul: str | None = None, seeded_share: float = 0.0,
+         workload: str = "mixed", seeded_share: float = 0.0,
          part: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """Continuous batching only, all ``requests`` submitted at once (the engine's peak), on
-    the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``); ``matmul``
-    None: the service's setting (``CHUNLIAN_MATMUL``), as the server it is compared with.
+    the fixed mix (``mixed``) or on the HTTP load tester's requests (``http``).
     ``seq_per_s`` over the whole run; ``steady_seq_per_s`` between 10% and 90% done
     (``steady_rate``: without the filling and the draining batch). ``part`` ``(i, n)``: run
     every n-th request from the i-th (one of n replicas side by side: ``replicated_peak``)."""
@@ -264,7 +262,7 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
     from chunlian.model.hengpi import HengpiSelector
 
     single_threaded_here()  # the engine thread gets ``threads`` (ModelRunner.bind_thread)
-    loaded = load_weights(Path(model_path) if model_path else None, "cpu", matmul or load_settings().matmul)
+    loaded = load_weights(Path(model_path) if model_path else None, "cpu")
     hengpi = HengpiSelector.from_loaded(loaded)
     mix: list[str] | list[CoupletRequest] = (
         http_requests(requests, seeded_share) if workload == "http" else mixed_lines(requests))
@@ -275,12 +273,12 @@ def peak(model_path: str | None, max_batch_size: int, requests: int, threads: in
     return {"seq_per_s": round(r["seq_per_s"], 1), "steady_seq_per_s": round(r["steady_seq_per_s"], 1),
             "p50_ms": round(r["p50_ms"], 1),
             "threads": threads, "max_batch_size": max_batch_size, "requests": len(mix),
-            "workload": workload, "matmul": loaded.matmul,
+            "workload": workload,
             "seeded_share": round(sum(not isinstance(m, str) and not m.params.greedy for m in mix) / len(mix), 3)}
 
 
 def replicated_peak(model_path: str | None, max_batch_size: int, requests: int, replicas: int,
-                    threads: int, workload: str = "mixed", matmul: str | None = None,
+                    threads: int, workload: str = "mixed",
                     seeded_share: float = 0.0) -> dict[str, Any]:
     """``peak`` of ``replicas`` engines side by side, each in its own process with
     ``threads`` torch threads and its share of the rows and of the requests (as
@@ -298,7 +296,7 @@ def replicated_peak(model_path: str | None, max_batch_size: int, requests: int, 
             "import json\n"
             "from chunlian.bench.engine import peak\n"
             f"print(json.dumps(peak({model_path!r}, {share(max_batch_size, replicas, i)}, "
-            f"{requests}, {threads}, {workload!r}, {matmul!r}, "
+            f"{requests}, {threads}, {workload!r}, "
             f"seeded_share={seeded_share!r}, part=({i}, {replicas}))))\n"
         )
         procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True))
@@ -312,6 +310,6 @@ def replicated_peak(model_path: str | None, max_batch_size: int, requests: int, 
             "steady_seq_per_s": round(sum(x["steady_seq_per_s"] for x in parts), 1),
             "replicas": replicas, "threads": threads, "max_batch_size": max_batch_size,
             "requests": sum(x["requests"] for x in parts), "workload": workload,
-            "matmul": parts[0]["matmul"], "seeded_share": seeded_share,
+            "seeded_share": seeded_share,
             "by_replica_steady_seq_per_s": [x["steady_seq_per_s"] for x in parts]}
 

@@ -1,7 +1,6 @@
 """Cache keys: ``chunlian:v1:`` + SHA-256 of everything that determines an answer.
 
-Hashed material: the model tag (name, version, and the matmul precision when it is not
-fp32: ``LoadedModel.tag``), the normalised 上联 / heads / keyword,
+Hashed material: the model tag (name and version: ``LoadedModel.tag``), the normalised 上联 / heads / keyword,
 the length, the style, the decoding parameters and the seed. Greedy requests hash their
 decoding as just ``greedy`` (temperature and top-k/p do not affect a greedy answer), so
 equivalent requests share one entry. No user text appears in a key name.

@@ -149,8 +149,8 @@ class Engine:
         # torch team (ModelRunner.bind_thread says why)
         single_threaded_here()
         device = settings.resolved_device()
-        loaded = load_weights(settings.model_path, device, settings.matmul)
-        log.info("loaded %s on %s, %s linear layers", loaded.tag, device, loaded.matmul)
+        loaded = load_weights(settings.model_path, device)
+        log.info("loaded %s on %s", loaded.tag, device)
         runner = ModelRunner(
             loaded, capacity=settings.max_batch_size, device=device,
             threads=settings.resolved_torch_threads(), blocklist=settings.generation_blocklist(),

@@ -125,7 +125,7 @@ class LocalExecutor:
         torch.set_num_threads(settings.torch_threads or 1)
         device = settings.resolved_device()
         gen = OfflineGenerator.load(settings.model_path, device, capacity=settings.max_batch_size,
-                                    matmul=settings.matmul, blocklist=settings.generation_blocklist())
+                                    blocklist=settings.generation_blocklist())
         log.info("worker %d loaded %s on %s", os.getpid(), gen.loaded.tag, device)
         return cls(gen, settings.max_batch_size, QualityModel(device, settings.generation_blocklist()))
 

@@ -31,15 +31,11 @@ class LoadedModel:
     tokenizer: Tokenizer
     name: str
     version: str  # short content hash of the weights file unless set at export
-    matmul: str = "float32"  # the linear layers' precision (``model.lowp``, ``model.int8``, ``model.half``)
 
     @property
     def tag(self) -> str:
-        """``name@version``, plus ``+int8`` / ``+bfloat16`` / ``+float16`` when the linear layers run in
-        lower precision: those answers differ from fp32's on some lines, so the tag (which
-        is part of every cache key and every response's ``model``) must tell them apart."""
-        base = f"{self.name}@{self.version}"
-        return base if self.matmul == "float32" else f"{base}+{self.matmul}"
+        """``name@version``: part of every cache key and every response's ``model``."""
+        return f"{self.name}@{self.version}"
 
 
 def save_weights(
@@ -63,18 +59,13 @@ def save_weights(
     save_file(tensors, str(path), metadata=meta)
 
 
-def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "float32") -> LoadedModel:
+def load_weights(path: Path | None = None, device: str = "cpu") -> LoadedModel:
     """Load a shipped or exported model; raises ``ModelError`` with the reason.
 
-    ``matmul`` (``model.lowp``): ``float32``; ``bfloat16`` (inference only: linear layers
-    on bf16-rounded weights); ``auto``: bfloat16 where the CPU has AMX; ``int8``
-    (``model.int8``: int8 weights and fixed-scale activations, calibrated here: 3-4 s on the AMD host);
-    ``float16`` (``model.half``: fp16 weights, the fp16 kernel for small batches). In
-    ``float32`` on a CPU the tied LM head runs on oneDNN (``model.onednn``: the same logits,
-    2x faster at 128 rows on AMD hosts; ``model.lm_head = None`` puts PyTorch's kernel back)."""
+    Inference runs in float32. On a CPU the tied LM head runs on oneDNN (``model.onednn``:
+    the same logits, 2x faster at 128 rows on AMD hosts; ``model.lm_head = None`` puts
+    PyTorch's kernel back)."""
     from safetensors import safe_open
-
-    from chunlian.model.lowp import resolve_matmul, use_bf16_matmuls
 
     path = path or DEFAULT_WEIGHTS
     if not path.is_file():
@@ -92,21 +83,10 @@ def load_weights(path: Path | None = None, device: str = "cpu", matmul: str = "f
     if missing or unexpected:
         raise ModelError(f"weights at {path} do not fit the model: missing={missing} unexpected={unexpected}")
     model.eval().to(device)
-    chosen = resolve_matmul(matmul, device)
-    if chosen == "bfloat16":
-        use_bf16_matmuls(model)
-    elif chosen == "int8":
-        from chunlian.model.int8 import calibration_uppers, use_int8_matmuls
-
-        use_int8_matmuls(model, tok, calibration_uppers())
-    elif chosen == "float16":
-        from chunlian.model.half import use_half_matmuls
-
-        use_half_matmuls(model)
-    elif chosen == "float32" and device == "cpu":
+    if device == "cpu":
         from chunlian.model.onednn import onednn_supported, use_onednn_head
 
         if onednn_supported():
             use_onednn_head(model)
     version = meta.get("version") or hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-    return LoadedModel(model, tok, meta.get("name", MODEL_NAME), version, chosen)
+    return LoadedModel(model, tok, meta.get("name", MODEL_NAME), version)

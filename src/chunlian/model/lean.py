@@ -13,10 +13,9 @@ and it changes little.
 group: the embeddings, the additive mask, then per block LayerNorm, the QKV product, the
 cache writes at each row's position, attention over the first ``S`` positions, the output
 projection and the MLP, in the same order and with the same kernels, and the model's own
-head. It falls back to ``forward_groups`` in training, for a prefill group, or when an
-inference precision has swapped a block's linear layers (``model.lowp``, ``model.int8``,
-``model.half``: their modules' own calls matter). Module hooks are not called on this path;
-the int8 calibration's hooks run through ``CoupletTransformer.forward``, never here.
+head. It falls back to ``forward_groups`` in training, for a prefill group, or when a
+block's linear layers are not plain ``nn.Linear`` ones (their modules' own calls matter).
+Module hooks are not called on this path.
 ``tests/unit/test_lean.py`` checks the logits and the cache against ``forward_groups``.
 """
 

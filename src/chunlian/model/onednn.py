@@ -31,8 +31,7 @@ row, a matrix-vector product, in another order: up to 2.5e-6 apart), and from 4 
 kernels' logits were bitwise equal on both hosts, so the switch changes no answer.
 ``tests/unit/test_onednn.py`` checks that on the machine it runs on.
 
-Not used on CUDA (cuBLAS is the right kernel there) nor with the other precisions
-(``model.lowp``, ``model.int8``, ``model.half``), whose heads are their own.
+Not used on CUDA (cuBLAS is the right kernel there).
 """
 
 from __future__ import annotations

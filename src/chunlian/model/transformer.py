@@ -26,12 +26,6 @@ cache (``KVCache``) for incremental decoding:
 ``forward_groups`` runs several such groups in one pass - a decode step of the live rows
 and the prefill of new ones: the tokens of every group go through each linear layer as one
 ``[N, D]`` matrix, and only attention runs per group (``Group``).
-
-For inference the linear layers and the head may be swapped for bf16 ones on CPUs with
-AMX (``model.lowp``: their outputs are then bf16, and the residual stream, attention and
-cache stay fp32, since ``x + bf16`` promotes to fp32, as in bf16-autocast training) or for
-int8 ones on x86 CPUs (``model.int8``: fp32 in and out), or for fp16-weight ones
-(``model.half``: fp32 in and out).
 """
 
 from __future__ import annotations
@@ -119,7 +113,7 @@ class Attention(nn.Module):
         """``[N, D]`` tokens of all groups -> ``[N', D]`` (``N'``: the selected ones when
         ``selected``). The projections run over every group at once; attention per group."""
         D = x.shape[-1]
-        qkv = self.qkv(x).float()  # [N, 3D]; attention and the cache are fp32 (``model.lowp``)
+        qkv = self.qkv(x).float()  # [N, 3D]; attention and the cache are fp32 (under bf16 autocast too)
         ys: list[Tensor] = []
         at = 0
         for g in groups:
@@ -240,7 +234,7 @@ class CoupletTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         # None: the tied embedding as the output layer; inference may set a faster
-        # equivalent (``model.lowp``, ``model.int8``, ``model.half``), never part of the state dict
+        # equivalent (``model.onednn``), never part of the state dict
         self.lm_head: nn.Module | None = None
         self.apply(self._init)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
@@ -323,17 +317,6 @@ class CoupletTransformer(nn.Module):
             # nothing (a prefill wants one position a row; about 1/8 of its work saved)
             x = block(x, groups, i, cache, i == last)
         return x  # type: ignore[no-any-return]
-
-
-def block_linears(model: CoupletTransformer) -> list[tuple[str, nn.Module, str]]:
-    """``(state-dict name, owner, attribute)`` of every block's linear layer: what the
-    inference precisions (``model.lowp``, ``model.int8``, ``model.half``) swap."""
-    out: list[tuple[str, nn.Module, str]] = []
-    for i, block in enumerate(model.blocks):
-        assert isinstance(block, Block)
-        out += [(f"blocks.{i}.attn.qkv", block.attn, "qkv"), (f"blocks.{i}.attn.proj", block.attn, "proj"),
-                (f"blocks.{i}.fc", block, "fc"), (f"blocks.{i}.out", block, "out")]
-    return out
 
 
 def decode_positions(cache_pos: Tensor, n_head: int, max_len: int, row0: int = 0) -> Tensor:
