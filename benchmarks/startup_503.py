@@ -113,14 +113,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--ready-timeout", type=float, default=180.0)
+    ap.add_argument("--ready-timeout-s", type=float, default=180.0)
     ap.add_argument("--no-probe", action="store_true",
                     help="no outside readiness probe through nginx during start-up")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     rounds = []
     for n in range(1, args.rounds + 1):
-        res = _round(args.requests, args.ready_timeout, not args.no_probe)
+        res = _round(args.requests, args.ready_timeout_s, not args.no_probe)
         rounds.append(res)
         print(f"round {n}: {res['non_200']} of {res['requests']} not 200 {res['statuses']} "
               f"(first at #{res['first_non_200_at']}; 'no live upstreams' x{res['no_live_upstreams_lines']}); "
