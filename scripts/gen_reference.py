@@ -77,8 +77,9 @@ def _default(field: Any) -> str:
         return ",".join(value) if value else "empty"
     if value == "":
         return "empty"
-    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value).lower() \
-        if isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _serve_flags() -> dict[str, str]:
