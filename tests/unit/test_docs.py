@@ -4,6 +4,7 @@ speaks of itself (no diary of how it was built)."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import json
@@ -95,6 +96,44 @@ def test_cli_reference_names_every_command() -> None:
 def test_openapi_reference_is_the_apps_schema() -> None:
     schema = json.loads((DOCS / "reference" / "openapi.json").read_text(encoding="utf-8"))
     assert "/v1/couplets" in schema["paths"] and "/v1/jobs" in schema["paths"]
+
+
+def _visible_flags(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+
+
+def _command_uses(text: str) -> list[tuple[list[str], list[str]]]:
+    """Each ``chunlian <command> [<sub-command>] --flag ...`` written in a code block or an inline
+    code span: (the words after ``chunlian``, the flags given to it)."""
+    segments = re.findall(r"```.*?```", text, flags=re.S) + re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    uses = []
+    for segment in segments:
+        for line in segment.splitlines():
+            for part in re.split(r"[|;&#]", line):
+                m = re.search(r"\bchunlian\s+([a-z][a-z-]*)((?:\s+[a-z][a-z-]*)?)(.*)", part)
+                if m:
+                    uses.append(([m.group(1), *m.group(2).split()], re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", m.group(3))))
+    return uses
+
+
+def test_commands_and_flags_named_in_the_docs_exist() -> None:
+    """A ``chunlian`` command line in any Markdown file uses commands and visible flags the
+    parsers have: a renamed or removed flag cannot linger in a guide."""
+    from chunlian.cli import build_parser
+
+    root = build_parser()
+    wrong = []
+    for md in (p for p in tracked_files() if p.suffix == ".md" and p.name != "CHANGELOG.md"):
+        for words, flags in _command_uses(md.read_text(encoding="utf-8")):
+            parser = gen._subparser(root, words[0])
+            if parser is None:  # prose ("a chunlian instance") unless flags follow
+                wrong += [f"{md.relative_to(ROOT)}: chunlian {words[0]}"] if flags else []
+                continue
+            if len(words) > 1 and gen._subparser(parser, words[1]) is not None:
+                parser = gen._subparser(parser, words[1])
+            known = _visible_flags(parser)
+            wrong += [f"{md.relative_to(ROOT)}: chunlian {' '.join(words)} {f}" for f in flags if f not in known]
+    assert not wrong, "\n".join(sorted(set(wrong)))
 
 
 # ---- errors ----------------------------------------------------------------------------------
