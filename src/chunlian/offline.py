@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chunlian.data.blocklist import Blocklist
-from chunlian.engine.request import SeqOutput, expand, simplified_request
+from chunlian.engine.request import SeqOutput, expand, model_request
 from chunlian.engine.rerank import build_result
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ChunlianError, InvalidInput
@@ -211,7 +211,7 @@ class OfflineGenerator:
                 self.loaded, self.runner.constrainer, self.runner.tone_bias,
                 max_rows=max(self.runner.capacity, self.beam_width),
             )
-        items = [(simplified_request(r).upper or "", r.style) for r in todo]
+        items = [(model_request(r).upper or "", r.style) for r in todo]
         if self.channel_weight > 0 or self.rescore_weight > 0:
             from chunlian.model.channel import Scores, candidate_scores, rerank
 
@@ -224,7 +224,7 @@ class OfflineGenerator:
             found = rerank(nbest, *terms)
         else:
             found = searcher.search(items, self.beam_width)
-        return {  # the searched (simplified) 上联: build_result converts back to what was typed
-            id(r): SeqOutput(-1 - i, simplified_request(r).upper or "", b.lower, b.mean_logprob)
+        return {  # the searched 上联 (model form): build_result converts back to what was typed
+            id(r): SeqOutput(-1 - i, model_request(r).upper or "", b.lower, b.mean_logprob)
             for i, (r, b) in enumerate(zip(todo, found, strict=True))
         }

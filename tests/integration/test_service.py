@@ -108,6 +108,20 @@ def test_couplet_contract_and_cache(client: httpx.Client) -> None:
     assert again["cached"] is True and again["lower"] == first["lower"]
 
 
+def test_a_typed_dash_is_mirrored_in_the_lower_line(client: httpx.Client) -> None:
+    r = client.post("/v1/couplets", json={"upper": "山药出格九万斤--真大"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["upper"] == "山药出格九万斤——真大"
+    lower = body["lower"]
+    assert len(lower) == 11 and lower[7:9] == "——"
+    assert all(is_han(ch) for ch in lower[:7] + lower[9:])
+    assert not set(body["upper"][:7] + body["upper"][9:]) & set(lower)
+    r = client.post("/v1/couplets", json={"upper": "爆竹聲聲辭舊歲...梅花香"})
+    assert r.status_code == 200, r.text
+    assert r.json()["upper"] == "爆竹聲聲辭舊歲……梅花香" and r.json()["lower"][7:9] == "……"
+
+
 def test_warmup_entries_are_cached_before_ready(client: httpx.Client) -> None:
     assert client.post("/v1/couplets", json={"upper": "春回大地千山秀"}).json()["cached"] is True
     for length in (5, 7):

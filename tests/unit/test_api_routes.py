@@ -90,6 +90,22 @@ async def test_compose_heads_and_keyword() -> None:
         assert again.json()["cached"] is True
 
 
+async def test_typed_punctuation_is_folded_and_shares_the_cache_entry() -> None:
+    async with running_app() as h:
+        r = await h.client.post("/v1/couplets", json={"upper": "山药出格九万斤--真大"})
+        assert r.status_code == 200, r.text
+        assert r.json()["upper"] == "山药出格九万斤——真大" and r.json()["cached"] is False
+        assert h.engine.calls[0].upper == "山药出格九万斤——真大"
+        for spelling in ("山药出格九万斤——真大", "山药出格九万斤—真大", "山药出格九万斤 - - 真大"):
+            again = await h.client.post("/v1/couplets", json={"upper": spelling})
+            assert again.json()["cached"] is True, spelling
+        r = await h.client.post("/v1/couplets", json={"upper": "春回大地, 万象更新. 天增岁月...人增寿"})
+        assert r.status_code == 200 and r.json()["upper"] == "春回大地，万象更新。天增岁月……人增寿"
+        line = "春" * 15 + "——" + "风" * 15  # 32 characters with the dash
+        assert (await h.client.post("/v1/couplets", json={"upper": line})).status_code == 200
+        assert len(h.engine.calls) == 3
+
+
 BAD_COUPLETS = [
     ({"upper": ""}, "upper"),
     ({"upper": "   "}, "upper"),
@@ -100,6 +116,13 @@ BAD_COUPLETS = [
     ({"upper": "，春回大地"}, "upper"),
     ({"upper": "春回，，大地"}, "upper"),
     ({"upper": "春回\x00大地"}, "upper"),
+    ({"upper": "——"}, "upper"),
+    ({"upper": "--春回大地"}, "upper"),
+    ({"upper": "春回大地..."}, "upper"),
+    ({"upper": "春回——，大地"}, "upper"),
+    ({"upper": "春回----大地"}, "upper"),
+    ({"upper": "春回-大地"}, "upper"),
+    ({"upper": "春" * 16 + "--" + "风" * 15}, "upper"),
     ({"upper": 123}, "upper"),
     ({"upper": None}, "upper"),
     ({"upper": ["春"]}, "upper"),
@@ -373,6 +396,8 @@ def test_fast_path_takes_only_plain_valid_requests() -> None:
     ok = plain_request('{"upper": " 春回大地千山秀 ", "style": "family", "seed": 3, "timeout_ms": 500}'.encode())
     assert ok is not None and ok.upper == "春回大地千山秀" and ok.style == "family"
     assert ok.params.seed == 3 and ok.timeout_s == 0.5
+    dashed = plain_request('{"upper": "山药出格九万斤--真大"}'.encode())
+    assert dashed is not None and dashed.upper == "山药出格九万斤——真大"
     for body in ['{"upper": "春回大地", "n": 2}', '{"upper": "春回大地", "regenerate": true}',
                  '{"upper": "春回大地", "n": true}', '{"upper": "春回大地", "seed": -1}',
                  '{"upper": "春回大地", "style": "nope"}', '{"upper": "hello"}', '{"upper": 3}',

@@ -59,6 +59,15 @@ async def test_result_path(engine: tuple[Engine, FakeRunner]) -> None:
     assert eng.stats.completed == 1
 
 
+async def test_a_typed_dash_reaches_the_runner_as_one_mark_and_comes_back(
+    engine: tuple[Engine, FakeRunner],
+) -> None:
+    eng, _ = engine
+    # the fake writes a 下联 as long as the 上联 it was given: five characters, "春回，大地"
+    res = await eng.generate(CoupletRequest(upper="春回——大地"))
+    assert (res.best.upper, res.best.lower) == ("春回——大地", "乙乙——乙乙")
+
+
 async def test_the_runner_is_bound_to_the_engine_thread(engine: tuple[Engine, FakeRunner]) -> None:
     eng, runner = engine
     await eng.generate(CoupletRequest(upper="春回大地"))

@@ -1,4 +1,6 @@
-"""The 上联 rules of ``chunlian.text``: the one-regex fast path agrees with the rules."""
+"""The 上联 rules of ``chunlian.text``: the one-regex fast path agrees with the rules; the
+typed punctuation folds to its full-width form, and the dash and the ellipsis (two
+characters each) reach the model as one clause mark and come back in the answer."""
 
 from __future__ import annotations
 
@@ -7,10 +9,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chunlian.errors import InvalidInput
-from chunlian.text import _VALID_LINE, MAX_LINE_CHARS, _checked_line, validate_upper
+from chunlian.text import (
+    _VALID_LINE,
+    LONG_MARKS,
+    MAX_LINE_CHARS,
+    _checked_line,
+    model_form,
+    normalize,
+    validate_upper,
+    with_typed_marks,
+)
 
-# Han characters, every allowed and some folded punctuation, whitespace, ASCII, emoji
-ALPHABET = "春风得意马蹄疾㐀䶿一鿿，、；：！？。,;:!?．､｡ \t\u3000\u200bab1🎉"
+# Han characters, every allowed and some folded punctuation (the dash and ellipsis
+# spellings' characters too), whitespace, ASCII, emoji
+ALPHABET = "春风得意马蹄疾㐀䶿一鿿，、；：！？。,;:!?.．､｡—-－─―… \t\u3000\u200bab1🎉"
 
 
 def _outcome(raw: str) -> str:
@@ -33,10 +45,22 @@ def test_fast_path_gives_what_the_rules_give(raw: str) -> None:
         assert got == raw  # what the fast path accepts, the rules accept unchanged
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="春风—-－─―….,", max_size=12))
+def test_normalize_is_idempotent(raw: str) -> None:
+    once = normalize(raw)
+    assert normalize(once) == once
+
+
 @pytest.mark.parametrize(
     ("raw", "problem"),
     [("", "empty"), ("，春", "begin and end"), ("春，，风", "two punctuation"),
-     ("春a", "must be Chinese"), ("春" * (MAX_LINE_CHARS + 1), "too long")],
+     ("春a", "must be Chinese"), ("春" * (MAX_LINE_CHARS + 1), "too long"),
+     ("——", "begin and end"), ("--", "begin and end"), ("...", "begin and end"),
+     ("--春风", "begin and end"), ("春风……", "begin and end"), ("春风.", "begin and end"),
+     ("春——，风", "two punctuation"), ("春----风", "two punctuation"), ("春——……风", "two punctuation"),
+     ("春。。。风", "two punctuation"), ("春-风", "found '-'"), ("春－风", "found '－'"),
+     ("春" * 16 + "--" + "风" * 15, "too long: 33 characters")],
 )
 def test_bad_lines_are_named(raw: str, problem: str) -> None:
     with pytest.raises(InvalidInput, match=problem):
@@ -45,3 +69,54 @@ def test_bad_lines_are_named(raw: str, problem: str) -> None:
 
 def test_normalisation_still_applies() -> None:
     assert validate_upper(" 春风, 得意 ") == "春风，得意"
+
+
+@pytest.mark.parametrize(
+    ("typed", "full"),
+    [(",", "，"), (";", "；"), (":", "："), ("!", "！"), ("?", "？"), (".", "。"),
+     ("．", "。"), ("､", "、"), ("｡", "。"),
+     ("——", "——"), ("—", "——"), ("--", "——"), ("－－", "——"), ("──", "——"), ("――", "——"), ("―", "——"),
+     ("……", "……"), ("…", "……"), ("...", "……"), ("......", "……"), (" - - ", "——"), (". . .", "……")],
+)
+def test_every_typed_mark_folds_to_its_full_width_form(typed: str, full: str) -> None:
+    assert normalize(f"春风{typed}得意") == f"春风{full}得意"
+    assert validate_upper(f"春风{typed}得意") == f"春风{full}得意"
+
+
+def test_the_ellipsis_folds_before_the_single_period() -> None:
+    assert normalize("春...风.得....意") == "春……风。得……。意"
+    assert normalize("春风——得意") == "春风——得意" and normalize("春———风") == "春————风"
+
+
+def test_model_form_reads_each_long_mark_as_one_clause_mark() -> None:
+    assert LONG_MARKS == ("——", "……")
+    assert model_form("山药出格九万斤——真大") == "山药出格九万斤，真大"
+    assert model_form("春……风，得意——马蹄！疾") == "春，风，得意，马蹄！疾"
+    assert model_form("春风，得意") == "春风，得意"
+
+
+@pytest.mark.parametrize(
+    ("typed_upper", "model_lower", "want"),
+    [("山药出格九万斤——真大", "芋头入锅三千块，好香", "芋头入锅三千块——好香"),
+     ("春……风，得意——马", "秋，雨，失时，牛", "秋……雨，失时——牛"),
+     ("春——风……雨", "夏，日，晴", "夏——日……晴"),
+     ("春风，得意", "秋雨，失时", "秋雨，失时")],
+)
+def test_with_typed_marks_mirrors_the_long_marks(typed_upper: str, model_lower: str, want: str) -> None:
+    assert len(model_lower) == len(model_form(typed_upper))
+    assert with_typed_marks(model_lower, typed_upper) == want
+    assert len(want) == len(typed_upper)
+    assert [i for i, ch in enumerate(want) if ch in "—…"] == [i for i, ch in enumerate(typed_upper) if ch in "—…"]
+    assert with_typed_marks(model_form(typed_upper), typed_upper) == typed_upper
+
+
+def test_with_typed_marks_refuses_a_line_that_does_not_mirror() -> None:
+    with pytest.raises(ValueError, match="does not mirror"):
+        with_typed_marks("秋雨失时", "春——风")
+
+
+def test_the_length_limit_counts_the_typed_marks() -> None:
+    line = "春" * 15 + "——" + "风" * 15
+    assert len(line) == MAX_LINE_CHARS and validate_upper(line) == line
+    assert validate_upper("春" * 15 + "..." + "风" * 15) == "春" * 15 + "……" + "风" * 15  # 33 typed, 32 after folding
+    assert validate_upper("山药出格九万斤--真大") == "山药出格九万斤——真大"

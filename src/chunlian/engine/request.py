@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from chunlian.script import is_traditional, simplified
-from chunlian.text import is_han
+from chunlian.text import is_han, model_form
 from chunlian.types import CoupletRequest
 
 _SEED_MIX = 0x9E3779B1
@@ -68,8 +68,8 @@ class SeqOutput:
 
 def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
     """The sequences for a request: ``n`` candidates (candidate 0 greedy when unseeded),
-    on the simplified form of its text (``chunlian.script``: the model's vocabulary)."""
-    req = simplified_request(req)
+    on its text as the model reads it (``model_request``)."""
+    req = model_request(req)
     p = req.params
     specs: list[SeqSpec] = []
     for c in range(p.n):
@@ -99,9 +99,13 @@ def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
     return specs
 
 
-def simplified_request(req: CoupletRequest) -> CoupletRequest:
-    """``req`` with its text in simplified characters (itself when it is already)."""
-    if not any(is_traditional(t) for t in (req.upper, req.heads, req.keyword)):
+def model_request(req: CoupletRequest) -> CoupletRequest:
+    """``req`` with its text as the model reads it (itself when it is already): simplified
+    characters (``chunlian.script``: the model's vocabulary) and each ``——`` / ``……`` of
+    the 上联 one clause mark (``text.model_form``). ``rerank.build_result`` turns the
+    generated lines back into what was typed."""
+    upper = req.upper and model_form(req.upper)
+    if upper == req.upper and not any(is_traditional(t) for t in (req.upper, req.heads, req.keyword)):
         return req
-    return replace(req, upper=req.upper and simplified(req.upper), heads=req.heads and simplified(req.heads),
+    return replace(req, upper=upper and simplified(upper), heads=req.heads and simplified(req.heads),
                    keyword=req.keyword and simplified(req.keyword))

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from chunlian.engine.request import SeqOutput
 from chunlian.script import converted_couplet, is_traditional, traditional
-from chunlian.text import checked_positions, tone_class
+from chunlian.text import checked_positions, tone_class, with_typed_marks
 from chunlian.types import Couplet, CoupletRequest, CoupletResult
 
 RULE_WEIGHT = 1.0
@@ -66,9 +66,14 @@ def build_result(
     )
     couplets = []
     back = _in_script_of(req)
+    typed = req.upper
     for score, o in scored:
         hp = hengpi.choose(o.upper, o.lower, req.style, req.params.seed) if hengpi else ""
-        upper, lower = (o.upper, o.lower) if back is None else back(o.upper, o.lower)
+        upper, lower = o.upper, o.lower
+        if typed is not None:  # the typed —— / …… back in both lines (text.model_form)
+            upper, lower = with_typed_marks(upper, typed), with_typed_marks(lower, typed)
+        if back is not None:
+            upper, lower = back(upper, lower)
         couplets.append(Couplet(upper, lower, hp if back is None else traditional(hp), req.style,
                                 round(score, 4)))
     return CoupletResult(
