@@ -8,6 +8,7 @@
 
   const REQUEST_TIMEOUT_MS = 30000;
   const MAX_CHARS = 32;
+  const VERTICAL_FORMS = { "—": "\uFE31", "…": "\uFE19" };
   const STYLE_NAMES = { traditional: "传统", business: "商贸", family: "家庭", literary: "文雅" };
   const FIELD_NAMES = {
     upper: "上联",
@@ -394,7 +395,8 @@
       roller(ctx, x, scrollTop - 12, scrollW);
       roller(ctx, x, scrollTop + scrollH - 4, scrollW);
       const y0 = scrollTop + 45 + (scrollH - 90 - line.length * step) / 2;
-      line.forEach((ch, i) => goldText(ctx, ch, x + scrollW / 2, y0 + step * (i + 0.5), cs, family));
+      // the dash and the ellipsis in their vertical forms, as the page's vertical text shows them
+      line.forEach((ch, i) => goldText(ctx, VERTICAL_FORMS[ch] || ch, x + scrollW / 2, y0 + step * (i + 0.5), cs, family));
     };
     drawScroll(upper, rightX);
     drawScroll(lower, leftX);
