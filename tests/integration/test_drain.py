@@ -101,6 +101,19 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], limit_s: float = 180.0
         time.sleep(0.1)
 
 
+async def _watch_readiness(port: int) -> list[tuple[float, int | None]]:
+    """``GET /readyz`` back to back until nothing answers; (when, status) for each."""
+    seen: list[tuple[float, int | None]] = []
+    deadline = time.monotonic() + DRAIN_LIMIT_S + 30
+    while time.monotonic() < deadline:
+        status = await asyncio.to_thread(http_status, "127.0.0.1", port, "/readyz")
+        seen.append((time.monotonic(), status))
+        if status is None:
+            break
+        await asyncio.sleep(0.01)
+    return seen
+
+
 def test_sigterm_under_load_finishes_what_is_in_flight_and_exits_0(tmp_path: Path) -> None:
     port = free_port()
     log = (tmp_path / "instance.log").open("wb")
@@ -110,15 +123,14 @@ def test_sigterm_under_load_finishes_what_is_in_flight_and_exits_0(tmp_path: Pat
         _wait_ready(port, proc)
         load = Load(f"http://127.0.0.1:{port}")
         marks: dict[str, float] = {}
-        readiness: list[int | None] = []
+        readiness: list[tuple[float, int | None]] = []
 
         async def main() -> None:
             clients = [asyncio.create_task(load.client(k)) for k in range(8)]
             await asyncio.sleep(2.0)
             marks["sigterm"] = time.monotonic()
             proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
-            readiness.append(await asyncio.to_thread(http_status, "127.0.0.1", port, "/readyz"))
+            readiness.extend(await _watch_readiness(port))
             code = await asyncio.to_thread(proc.wait, DRAIN_LIMIT_S + 30)
             marks["exit"] = time.monotonic()
             marks["code"] = code
@@ -136,18 +148,26 @@ def test_sigterm_under_load_finishes_what_is_in_flight_and_exits_0(tmp_path: Pat
     assert marks["code"] == 0, output[-3000:]
     drain_s = marks["exit"] - marks["sigterm"]
     assert drain_s < DRAIN_LIMIT_S, output[-3000:]
-    assert readiness == [503]
     in_flight = load.in_flight_at(marks["sigterm"])
     assert len(in_flight) >= 4, len(in_flight)  # the load really was in flight
     failed = [s for s in in_flight if s.status != 200]
     assert failed == [], failed
-    after = [s for s in load.sent if s.t_send > marks["sigterm"] + 0.3]
+    # /readyz: 200 only until the signal is handled, then 503 while the drain lasts, then
+    # nothing (the listener is closed once what was in flight has finished)
+    statuses = [status for _, status in readiness]
+    draining = statuses[statuses.index(503):] if 503 in statuses else []
+    assert draining and set(draining[:-1]) == {503} and draining[-1] is None, statuses
+    assert set(statuses[:len(statuses) - len(draining)]) <= {200}, statuses
+    not_ready_at = next(t for t, status in readiness if status == 503)
+    assert not_ready_at < max(s.t_done for s in in_flight)  # it failed while work was in flight
+    after = [s for s in load.sent if s.t_send > not_ready_at]
     refused = [s for s in after if s.status == 503]
     assert refused and all(s.code == "shutting_down" and s.retry_after == "1" for s in refused), after[:5]
     assert {s.status for s in after} <= {503, -1}, Counter(s.status for s in after)
     assert "drained in" in output
     print(f"\ndrain alone: {len(in_flight)} in flight at SIGTERM, {len(failed)} failed; "
-          f"{len(refused)} new requests refused with 503; exit 0 after {drain_s:.2f} s")
+          f"{len(refused)} new requests refused with 503; /readyz 503 {len(draining) - 1} times, "
+          f"then closed; exit 0 after {drain_s:.2f} s")
 
 
 def test_one_of_two_instances_drains_behind_nginx_and_clients_see_only_200(tmp_path: Path) -> None:
