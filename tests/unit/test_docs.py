@@ -269,7 +269,8 @@ def test_every_relative_link_in_markdown_resolves() -> None:
 # Assembled with \s, so this file does not match itself.
 _ORDINAL = (r"(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|[a-z]+teenth"
             r"|twentieth|[a-z]+tieth|[a-z]+th|[0-9]+(st|nd|rd|th))")
-DIARY = re.compile(_ORDINAL + r"\ssession|(this|previous|earlier|last)\ssession|earlier\stoday", re.I)
+DIARY = re.compile(_ORDINAL + r"\s+session|(this|previous|earlier|last)\s+session|earlier\s+today"
+                   r"|before\s+this\s+change|after\s+the\s+change", re.I)
 DIARY_NAME = re.compile(r"(first|second|third|[a-z]+th|twelfth|twentieth)_(session|intel|amd|zen)|session_", re.I)
 
 

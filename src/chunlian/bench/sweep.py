@@ -232,9 +232,9 @@ def run_sweep(
 
     The points of one batch size run one after the other, their wait order reversed at
     every other batch size: the host's speed drifts over a sweep, and running every batch
-    size at one wait before the next wait made the drift look like a wait effect (ninth
-    session: 20 ms beat 5 ms by 18% at batch 64 in the sweep, and tied at 260.1 against
-    261.5 req/s in three interleaved rounds)."""
+    size at one wait before the next wait made the drift look like a wait effect (a 2-core
+    host, 2026-12-01: 20 ms beat 5 ms by 18% at batch 64 in such a sweep, and tied at 260.1
+    against 261.5 req/s in three interleaved rounds)."""
     lines = load_lines(data)
     kw = {"concurrency": concurrency, "duration_s": duration_s, "warmup_s": warmup_s,
           "max_requests": max_requests, "unique_ratio": unique_ratio, "extra_settings": extra_settings,

@@ -267,7 +267,7 @@ class ModelRunner:
 
         The decode rows and the prefill chunks are groups of one ``forward_groups`` call:
         its linear layers run once over all their tokens, so a step that admits a few
-        sequences no longer pays a second pass's fixed cost (six layers of small ops). A
+        sequences pays one pass's fixed cost (six layers of small ops), not two. A
         new sequence's second token comes at the next step; an idle runner's pass holds the
         prefill chunks alone. Padded batches (static) take ``prefill`` / ``decode``.
         """
