@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
+from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig, bulk_rows
 
 
 def req(i: int, t: float = 0.0, n: int = 1, prio: str = "interactive", deadline: float = 100.0) -> SchedRequest:
@@ -174,3 +174,11 @@ def test_prefill_group_defaults_to_an_eighth_of_the_batch() -> None:
     assert SchedulerConfig(max_batch_size=4, min_prefill_seqs=100).prefill_group == 4
     with pytest.raises(ValueError, match="min_prefill_seqs"):
         SchedulerConfig(min_prefill_seqs=-1)
+
+
+@pytest.mark.parametrize(("rows", "share", "expected"), [
+    (128, 0.125, 16), (64, 0.125, 8), (4, 0.125, 1), (1, 0.5, 1), (128, 0.0, 0), (10, 1.0, 10), (10, 0.25, 2),
+])
+def test_bulk_rows_is_the_share_rounded_down_and_at_least_one_unless_zero(rows: int, share: float,
+                                                                           expected: int) -> None:
+    assert bulk_rows(rows, share) == expected

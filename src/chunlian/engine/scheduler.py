@@ -87,6 +87,13 @@ class SchedulerConfig:
             raise ValueError(f"bulk_min_share must be in [0, 1], got {self.bulk_min_share}")
 
 
+def bulk_rows(rows: int, share: float) -> int:
+    """Rows of ``rows`` that bulk work may hold while interactive work waits: ``share`` of
+    them, at least one (none when ``share`` is 0). The scheduler reserves them; bulk jobs
+    send at most this many items at a time, so they never fill an interactive batch."""
+    return max(1, math.floor(rows * share)) if share > 0 else 0
+
+
 class QueueFull(Exception):
     """Raised by ``add`` when the waiting queue holds ``max_queue_size`` requests."""
 
@@ -192,8 +199,7 @@ class Scheduler:
         bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
         reserve = 0
         if bulk_q:
-            reserve = max(1, math.floor(cap * self.cfg.bulk_min_share)) if self.cfg.bulk_min_share > 0 else 0
-            reserve = max(0, reserve - self.live_bulk_seqs)
+            reserve = max(0, bulk_rows(cap, self.cfg.bulk_min_share) - self.live_bulk_seqs)
         inter_room = cap - self.live_seqs - reserve
         self._take(inter_q, inter_room, plan)
         self._take(bulk_q, cap - self.live_seqs, plan)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from chunlian.config import Settings
+from chunlian.engine.scheduler import bulk_rows
 from chunlian.errors import EngineStopped
 from chunlian.jobs.items import Spec, failed_entry
 from chunlian.jobs.redis_store import RedisJobStore
@@ -161,7 +161,7 @@ def build_jobs(settings: Settings, service: Any) -> JobsBackend:
         svc = service()
         return int(getattr(svc, "interactive_seqs", 0) or 0)
 
-    share = max(1, math.floor(settings.max_batch_size * settings.bulk_min_share))
+    share = max(1, bulk_rows(settings.max_batch_size, settings.bulk_min_share))  # one at least
     return InProcessJobs(service, settings.job_result_ttl_s, window=settings.max_batch_size,
                          share=share, interactive_load=interactive_load,
                          item_timeout_s=settings.job_hard_time_limit_s,

@@ -19,7 +19,6 @@ again when the job is polled (``backend.CeleryJobs.resend_stalled``).
 from __future__ import annotations
 
 import logging
-import math
 import os
 from typing import Any
 
@@ -28,6 +27,7 @@ from celery import Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init
 
+from chunlian.engine.scheduler import bulk_rows
 from chunlian.jobs.celery_app import RETRY_BACKOFF_MAX_S, TASK_NAME, get_app
 from chunlian.jobs.redis_store import RedisJobStore
 from chunlian.jobs.worker import MAX_TRIES, Executor, RetryChunk, fail_remaining, process_chunk
@@ -60,7 +60,7 @@ def executor() -> Executor:
         if url:  # the instance's engine: at most its bulk share per request, so that this
             # worker never fills the batch that interactive requests share
             keys = sorted(s.api_key_set)
-            share = max(1, math.floor(s.max_batch_size * s.bulk_min_share))
+            share = max(1, bulk_rows(s.max_batch_size, s.bulk_min_share))  # one at least
             _executor = HttpExecutor(url, share, s.job_soft_time_limit_s,
                                      api_key=keys[0] if keys else None)
             log.info("worker %d sends items to %s (%d at a time)", os.getpid(), url, share)
