@@ -1,11 +1,12 @@
 """What each child of ``chunlian cluster`` runs, and with which environment: the worker's
-command, the OpenMP spin of model-running processes, and the service settings the launcher
-reads from the environment it passes on."""
+and the nginx exporter's commands, the OpenMP spin of model-running processes, and the
+service settings the launcher reads from the environment it passes on."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from chunlian.errors import ConfigError
@@ -16,6 +17,15 @@ WORKER_READY = " ready."  # Celery's log line once a worker consumes ("celery@ho
 def worker_command() -> list[str]:
     """The command that runs one Celery worker (``chunlian worker``)."""
     return [sys.executable, "-m", "chunlian.cli", "worker", "--log-level", "INFO"]
+
+
+def exporter_command(status_url: str, listen: str, access_log: Path | None) -> list[str]:
+    """The command that runs the nginx exporter (``cluster.exporter``): nginx's stub_status
+    at ``status_url``, and its access log when it keeps one."""
+    cmd = [sys.executable, "-m", "chunlian.cluster.exporter", "--status-url", status_url, "--listen", listen]
+    if access_log is not None:
+        cmd += ["--access-log", str(access_log)]
+    return cmd
 
 
 def _setting_default(name: str) -> Any:

@@ -15,90 +15,43 @@ Redis is not started here: it is shared state that outlives a cluster (``--redis
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import ipaddress
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from chunlian.cluster.commands import WORKER_READY, env_number, spin_env, worker_command
+from chunlian.cluster.commands import WORKER_READY, exporter_command, spin_env, worker_command
 from chunlian.cluster.nginx import (
     ClusterError,
     NginxConfig,
     check_config,
-    env_origins,
     nginx_binary,
     nginx_command,
-    page_cache_blocker,
     write,
 )
-from chunlian.cluster.procs import Child, die_with_parent_of, free_port, http_status, quiet
-from chunlian.errors import ConfigError
+from chunlian.cluster.procs import Child, free_port, http_status, quiet, spawn
+from chunlian.cluster.spec import (
+    DEFAULT_REDIS_URL,
+    ClusterSpec,
+    Say,
+    broker_url,
+    instance_env,
+    instance_ports,
+    make_prefix,
+    nginx_config,
+    nginx_options_for,
+    torch_threads,
+    worker_env,
+)
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-
-Say = Callable[[str], None]
-
-
-# ---- the spec and the children -------------------------------------------------------------
-@dataclass
-class ClusterSpec:
-    """What to start. Ports of 0 / None are picked free."""
-
-    instances: int = 2
-    port: int = 8000  # nginx listens here
-    host: str = "127.0.0.1"  # nginx listens on this address
-    workers: int = 0
-    redis_url: str = DEFAULT_REDIS_URL
-    broker_url: str | None = None  # Celery's; default $CHUNLIAN_BROKER_URL, else redis_url when workers > 0
-    torch_threads: int | None = None  # None: cores // instances (at least 1)
-    instance_ports: Sequence[int] = ()  # default: free loopback ports
-    instance_host: str = "127.0.0.1"
-    prefix: Path | None = None  # default: a temporary directory, removed by stop()
-    ready_timeout_s: float = 120.0
-    stop_grace_s: float = 15.0
-    nginx: str | None = None  # the nginx binary; default: on PATH or /usr/sbin/nginx
-    nginx_worker_processes: str = "auto"
-    deadline_s: float | None = None  # default: max(30 s, the service's default deadline)
-    access_log: bool = True
-    # False: workers load no model and send their items through nginx to the instances'
-    # engines at bulk priority (CHUNLIAN_WORKER_ENGINE_URL; docs/guides/bulk-jobs.md: a worker with its
-    # own model beside an instance took interactive p99 to 47-51x on an Intel AMX host)
-    worker_own_model: bool = False
-    env: Mapping[str, str] = field(default_factory=dict)  # extra env for every child
-    # more NginxConfig fields (the per-client rate limit: client_rate_per_s, client_burst,
-    # rate_limit_exempt, trusted_proxies, rate_limit_dry_run); NginxConfig.validate checks them
-    nginx_options: Mapping[str, Any] = field(default_factory=dict)
-    # the nginx exporter (cluster.exporter: its refusals and connections on /metrics) on
-    # instance_host:nginx_metrics_port (0: a free port; None: not started)
-    nginx_metrics_port: int | None = 0
-
-    def validate(self) -> None:
-        if self.instances < 1:
-            raise ConfigError(f"--instances must be at least 1, got {self.instances}")
-        if self.workers < 0:
-            raise ConfigError(f"--workers must be 0 or more, got {self.workers}")
-        if not 0 <= self.port < 65536:
-            raise ConfigError(f"--port must be 0-65535, got {self.port}")
-        if self.nginx_metrics_port is not None and not 0 <= self.nginx_metrics_port < 65536:
-            raise ConfigError(f"--nginx-metrics-port must be 0-65535, got {self.nginx_metrics_port}")
-        if self.instance_ports and len(self.instance_ports) != self.instances:
-            raise ConfigError(f"give {self.instances} instance ports, got {len(self.instance_ports)}")
-        if self.torch_threads is not None and self.torch_threads < 1:
-            raise ConfigError(f"--torch-threads must be at least 1, got {self.torch_threads}")
-        for flag, url in (("--redis-url", self.redis_url), ("--broker-url", self.broker_url)):
-            if url is not None and not url.startswith(("redis://", "rediss://", "unix://")):
-                raise ConfigError(f"{flag} must be a redis:// URL, got {url!r}")
+__all__ = ["DEFAULT_REDIS_URL", "Cluster", "ClusterSpec"]
 
 
 class Cluster:
@@ -206,24 +159,9 @@ class Cluster:
         return self
 
     def _nginx_options(self, with_workers: bool) -> dict[str, Any]:
-        """``spec.nginx_options``, plus, when a per-client rate is set and workers send their
-        items through nginx, the address they come from as exempt: bulk work is paced by the
-        instances' scheduler (bulk priority), and a client limit would turn its batches into
-        429s and retries."""
-        options = dict(self.spec.nginx_options)
-        if not (with_workers and self.spec.workers and not self.spec.worker_own_model
-                and options.get("client_rate_per_s")):
-            return options
-        host = self.local_host.strip("[]")
-        try:
-            source = str(ipaddress.ip_address(host))  # a local connection comes from the address it dials
-        except ValueError:
-            self.say(f"note: the workers reach nginx at {host!r}, not an address: they are not exempt "
-                     "from --client-rate (add their address with --rate-limit-exempt)")
-            return options
-        options["rate_limit_exempt"] = (*options.get("rate_limit_exempt", ()), source)
-        self.say(f"workers send items through nginx from {source}: exempt from the per-client rate")
-        return options
+        """``spec.nginx_options``, the workers' address exempt from a per-client rate
+        (``spec.nginx_options_for``)."""
+        return nginx_options_for(self.spec, self.local_host, with_workers, self.say)
 
     def _start(self, stop: threading.Event) -> None:
         spec = self.spec
@@ -231,122 +169,73 @@ class Cluster:
         binary = nginx_binary(spec.nginx)  # fail before spawning anything
         env = {**os.environ, **spec.env}
         worker_cmd = worker_command() if spec.workers else None
+        self._set_broker(env, with_workers=worker_cmd is not None)
+        self.prefix, self._own_prefix = make_prefix(spec.prefix)
+        ports = instance_ports(spec)
+        self._write_nginx_config(binary, env, ports, with_workers=worker_cmd is not None)
+        threads = torch_threads(spec, env)
+        host_name = socket.gethostname()
+        self._spawn_instances(env, ports, host_name, threads)
+        if worker_cmd is not None:
+            self._spawn_workers(env, worker_cmd, host_name, threads)
+        self._spawn_nginx(binary, env)
+        if spec.nginx_metrics_port is not None:
+            self._spawn_exporter(env, avoid=[spec.port, *ports])
+        self._wait_ready(stop, t0)
+        self.ready_s = round(time.monotonic() - t0, 2)
 
-        broker = spec.broker_url or env.get("CHUNLIAN_BROKER_URL") or None
-        if broker is None and worker_cmd is not None:
-            broker = spec.redis_url  # the workers and every instance share one job queue
+    def _set_broker(self, env: dict[str, str], with_workers: bool) -> None:
+        """Celery's broker into ``env`` (every child's), or a note that jobs stay in-process."""
+        broker = broker_url(self.spec, env, with_workers)
         if broker is not None:
             env["CHUNLIAN_BROKER_URL"] = broker
-        elif spec.instances > 1:
+        elif self.spec.instances > 1:
             self.say("note: no broker and no workers: bulk jobs run in-process, so a job is known "
                      "only to the instance that took it (use --workers W to share them)")
         self.broker_url = broker
 
-        if spec.prefix is None:
-            self.prefix = Path(tempfile.mkdtemp(prefix="chunlian-cluster-"))
-            self._own_prefix = True
-            if os.geteuid() == 0:  # nginx's workers (nobody) pass through to its page cache
-                os.chmod(self.prefix, 0o711)
-        else:
-            self.prefix = spec.prefix.resolve()
-            self.prefix.mkdir(parents=True, exist_ok=True)
-        (self.prefix / "logs").mkdir(mode=0o700, exist_ok=True)
-
-        ports = list(spec.instance_ports)
-        while len(ports) < spec.instances:
-            ports.append(free_port(spec.instance_host, avoid=[spec.port, *ports]))
-
-        default_timeout_s = env_number(env, "default_timeout_ms", int) / 1000.0
-        deadline_s = spec.deadline_s or max(30.0, default_timeout_s)
-        self.nginx_cfg = NginxConfig(
-            upstreams=tuple(f"{spec.instance_host}:{p}" for p in ports),
-            prefix=self.prefix / "nginx",
-            listen=f"{spec.host}:{spec.port}",
-            deadline_s=deadline_s,
-            body_limit_bytes=env_number(env, "body_limit_bytes", int),
-            cors_origins=env_origins(env),
-            worker_processes=spec.nginx_worker_processes,
-            access_log=spec.access_log,
-            **self._nginx_options(worker_cmd is not None),
-        )
-        blocker = page_cache_blocker(self.nginx_cfg.prefix) if self.nginx_cfg.page_cache_s else None
+    def _write_nginx_config(self, binary: str, env: Mapping[str, str], ports: list[int], with_workers: bool) -> None:
+        assert self.prefix is not None
+        self.nginx_cfg, blocker = nginx_config(
+            self.spec, env, ports, self.prefix, lambda: self._nginx_options(with_workers))
         if blocker is not None:
-            self.nginx_cfg = dataclasses.replace(self.nginx_cfg, page_cache_s=0)
             self.say(f"note: the page cache is off: nginx's workers (nobody) cannot pass through {blocker} "
                      "to reach it; give --prefix under a directory others may traverse (e.g. /var/lib)")
         write(self.nginx_cfg)
         check_config(binary, self.nginx_cfg)
 
-        threads = spec.torch_threads
-        if threads is None and not env.get("CHUNLIAN_TORCH_THREADS"):
-            threads = max(1, (os.cpu_count() or 1) // spec.instances)
-        host_name = socket.gethostname()
+    def _spawn_instances(self, env: Mapping[str, str], ports: list[int], host_name: str, threads: int | None) -> None:
+        spec = self.spec
         spin = spin_env(env, spec.instances, spec.workers if spec.worker_own_model else 0)
         for i, port in enumerate(ports, start=1):
-            child_env = {
-                **env,
-                "CHUNLIAN_HOST": spec.instance_host,
-                "CHUNLIAN_PORT": str(port),
-                "CHUNLIAN_REDIS_URL": spec.redis_url,
-                "CHUNLIAN_INSTANCE_ID": f"{host_name}:{port}",
-                "PYTHONUNBUFFERED": "1",
-                # the instances are this machine's data parallelism: one engine each,
-                # unless the operator asked for replicas inside them too
-                "CHUNLIAN_ENGINE_REPLICAS": env.get("CHUNLIAN_ENGINE_REPLICAS", "1"),
-                **spin,
-            }
-            if threads is not None:
-                child_env["CHUNLIAN_TORCH_THREADS"] = str(threads)
+            child_env = instance_env(spec, env, port, host_name, threads, spin)
             child = self._spawn("instance", f"instance-{i}", [sys.executable, "-m", "chunlian.api"], child_env)
             child.port = port
             child.instance_id = child_env["CHUNLIAN_INSTANCE_ID"]
-        if worker_cmd is not None:
-            for i in range(1, spec.workers + 1):
-                child_env = {
-                    **env,
-                    "CHUNLIAN_REDIS_URL": spec.redis_url,
-                    "CHUNLIAN_INSTANCE_ID": f"{host_name}-worker-{i}",
-                    "PYTHONUNBUFFERED": "1",
-                }
-                if not spec.worker_own_model:
-                    child_env["CHUNLIAN_WORKER_ENGINE_URL"] = self.local_url
-                elif threads is not None:
-                    child_env["CHUNLIAN_TORCH_THREADS"] = str(threads)
-                self._spawn("worker", f"worker-{i}", worker_cmd, child_env)
+
+    def _spawn_workers(self, env: Mapping[str, str], cmd: list[str], host_name: str, threads: int | None) -> None:
+        for i in range(1, self.spec.workers + 1):
+            child_env = worker_env(self.spec, env, i, host_name, threads, self.local_url)
+            self._spawn("worker", f"worker-{i}", cmd, child_env)
+
+    def _spawn_nginx(self, binary: str, env: Mapping[str, str]) -> None:
+        assert self.nginx_cfg is not None
         ng = self._spawn("nginx", "nginx", nginx_command(binary, self.nginx_cfg), env)
         ng.log_path = self.nginx_cfg.prefix / "logs" / "error.log"  # where nginx says why
-        if spec.nginx_metrics_port is not None:
-            self._spawn_exporter(env, avoid=[spec.port, *ports])
-        self._wait_ready(stop, t0)
-        self.ready_s = round(time.monotonic() - t0, 2)
 
     def _spawn_exporter(self, env: Mapping[str, str], avoid: list[int]) -> None:
         """``cluster.exporter`` following nginx's access log and reading its stub_status."""
         assert self.nginx_cfg is not None and self.spec.nginx_metrics_port is not None
         spec = self.spec
         port = spec.nginx_metrics_port or free_port(spec.instance_host, avoid=avoid)
-        host = spec.instance_host
-        cmd = [sys.executable, "-m", "chunlian.cluster.exporter",
-               "--status-url", f"{self.local_url}/nginx-status", "--listen", f"{host}:{port}"]
-        if spec.access_log:
-            cmd += ["--access-log", str(self.nginx_cfg.prefix / "logs" / "access.log")]
+        access_log = self.nginx_cfg.prefix / "logs" / "access.log" if spec.access_log else None
+        cmd = exporter_command(f"{self.local_url}/nginx-status", f"{spec.instance_host}:{port}", access_log)
         child = self._spawn("exporter", "nginx-exporter", cmd, {**env, "PYTHONUNBUFFERED": "1"})
         child.port = port
 
     def _spawn(self, role: str, name: str, cmd: list[str], env: Mapping[str, str]) -> Child:
         assert self.prefix is not None
-        log_path = self.prefix / "logs" / f"{name}.log"
-        log_file = open(log_path, "ab")  # noqa: SIM115 - closed by stop()
-        try:
-            proc = subprocess.Popen(
-                cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log_file,
-                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                preexec_fn=die_with_parent_of(os.getpid()),  # noqa: PLW1509 - prctl + getppid only
-            )
-        except OSError as e:
-            log_file.close()
-            raise ClusterError(f"could not start {name} ({cmd[0]}): {e}") from None
-        child = Child(role, name, proc, log_path, log_file, cmd=list(cmd), env=dict(env))
+        child = spawn(role, name, cmd, env, self.prefix / "logs" / f"{name}.log")
         with self._lock:
             self.children.append(child)
         return child

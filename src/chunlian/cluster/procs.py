@@ -1,5 +1,6 @@
 """Child-process plumbing of the cluster launcher: free ports, HTTP probes, death with the
-parent (``PR_SET_PDEATHSIG``) and ``Child``, one started process leading its own group."""
+parent (``PR_SET_PDEATHSIG``) and ``Child``, one started process leading its own group
+(``spawn``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -112,3 +113,19 @@ class Child:
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, sig)  # start_new_session: the pgid is the pid
+
+
+def spawn(role: str, name: str, cmd: list[str], env: Mapping[str, str], log_path: Path) -> Child:
+    """Start ``cmd`` leading a new process group, its output appended to ``log_path``; it
+    gets SIGTERM when the calling thread dies (``die_with_parent_of``)."""
+    log_file = open(log_path, "ab")  # noqa: SIM115 - closed by whoever stops the child
+    try:
+        proc = subprocess.Popen(
+            cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=log_file,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+            preexec_fn=die_with_parent_of(os.getpid()),  # noqa: PLW1509 - prctl + getppid only
+        )
+    except OSError as e:
+        log_file.close()
+        raise ClusterError(f"could not start {name} ({cmd[0]}): {e}") from None
+    return Child(role, name, proc, log_path, log_file, cmd=list(cmd), env=dict(env))

@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from chunlian.config import Settings
+from chunlian.engine.outbox import Outbox
 from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import SeqOutput, SeqSpec, expand
-from chunlian.engine.rerank import build_result
+from chunlian.engine.rerank import HengpiChooser, build_result
 from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
+from chunlian.engine.stats import EngineStats, StepReport
 from chunlian.errors import (
     Cancelled,
     ChunlianError,
@@ -39,6 +41,8 @@ from chunlian.errors import (
     Overloaded,
 )
 from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
+
+__all__ = ["Engine", "EngineStats", "Runner", "StepReport", "lower_thread_priority"]
 
 RATE_WINDOW_S = 10  # drain and rejection rates are measured over this many seconds
 MAX_RETRY_AFTER_S = 60.0
@@ -57,35 +61,6 @@ class Runner(Protocol):
     def step(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
     def release(self, seq_ids: set[int] | list[int]) -> None: ...
     def bind_thread(self) -> None: ...  # called on the engine thread before its first step
-
-
-class HengpiChooser(Protocol):
-    def choose(self, upper: str, lower: str, style: str, seed: int | None = None) -> str: ...
-
-
-@dataclass
-class EngineStats:
-    """Plain counters, read by the metrics collector at scrape time."""
-
-    queue_depth: int = 0
-    running: int = 0
-    max_queue_size: int = 0
-    completed: int = 0
-    failed: int = 0
-    deadline_drops: int = 0
-    rejected: int = 0
-    coalesced: int = 0
-    cancelled: int = 0
-    tokens_total: int = 0
-    steps_total: int = 0
-    prefill_total: int = 0
-
-
-@dataclass(frozen=True)
-class StepReport:
-    batch_size: int
-    step_s: float
-    tokens: int
 
 
 @dataclass
@@ -131,8 +106,7 @@ class Engine:
         self._listeners: list[Callable[[StepReport], None]] = []
         # settlements of futures, handed to the event loop once per engine iteration
         # (``_flush``): one wake-up of the loop per step instead of one per request
-        self._outbox: list[Callable[[], None]] = []
-        self._outbox_lock = threading.Lock()
+        self._outbox = Outbox()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -383,35 +357,11 @@ class Engine:
         else:
             self.stats.completed += 1
 
-        def settle() -> None:
-            if p.future.done():
-                return
-            if error is not None:
-                p.future.set_exception(error)
-                p.future.exception()  # mark retrieved: a cancelled caller may never await it
-            else:
-                p.future.set_result(result)  # type: ignore[arg-type]
-
-        with self._outbox_lock:
-            self._outbox.append(settle)
+        self._outbox.settle(p.future, result, error)
 
     def _flush(self) -> None:
-        """Hand every settlement queued by ``_complete`` to the event loop in one call.
-
-        One ``call_soon_threadsafe`` per request woke the loop for each answer while the
-        engine thread went on with the next: the two took the interpreter lock from each
-        other mid-step. Settled once per iteration, the loop wakes once per step."""
-        with self._outbox_lock:
-            batch, self._outbox = self._outbox, []
-        loop = self._loop
-        if not batch or loop is None or loop.is_closed():
-            return
-
-        def settle_all() -> None:
-            for settle in batch:
-                settle()
-
-        loop.call_soon_threadsafe(settle_all)
+        """Hand every settlement queued by ``_complete`` to the event loop in one call."""
+        self._outbox.flush(self._loop)
 
     def _fail_all(self, error: ChunlianError) -> None:
         with self._cv:

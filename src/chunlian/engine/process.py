@@ -33,7 +33,7 @@ from typing import Any
 
 from chunlian import errors as E
 from chunlian.config import Settings
-from chunlian.engine.engine import EngineStats, StepReport
+from chunlian.engine.stats import EngineStats, StepReport
 from chunlian.types import CoupletRequest, CoupletResult
 
 log = logging.getLogger("chunlian.engine")

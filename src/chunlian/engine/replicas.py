@@ -41,7 +41,7 @@ from typing import Protocol
 
 from chunlian import errors as E
 from chunlian.config import Settings, usable_cores
-from chunlian.engine.engine import EngineStats, StepReport
+from chunlian.engine.stats import EngineStats, StepReport
 from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
 
 log = logging.getLogger("chunlian.engine")
