@@ -23,12 +23,12 @@ from chunlian.cliargs import (
     add_no_progress,
     dump,
     fail,
-    hidden_alias,
     whole_number,
 )
 from chunlian.cluster import cli as cluster_cli
 from chunlian.errors import ChunlianError, ConfigError, InvalidInput
 from chunlian.jobs import cli as jobs_cli
+from chunlian.training import cli as training_cli
 
 
 def _result_obj(res: Any) -> dict[str, Any]:
@@ -154,41 +154,6 @@ def cmd_compose(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_data(args: argparse.Namespace) -> int:
-    from chunlian.data.corpus import prepare
-
-    stats = prepare(Path(args.data_dir), Path(args.out_dir), args.val_size, args.seed)
-    dump(stats.as_dict())
-    return 0
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    from chunlian.model.device import resolve_device
-    from chunlian.training.train import TrainConfig, train
-
-    if args.dropout is not None and not 0.0 <= args.dropout < 1.0:
-        return fail(f"--dropout must be in [0, 1), got {args.dropout}")
-    if args.reverse_share is not None and not 0.0 <= args.reverse_share < 0.7:
-        return fail(f"--reverse-share must be in [0, 0.7) (the classical share is 0.3), got {args.reverse_share}")
-    if args.ema_decay is not None and not 0.0 <= args.ema_decay < 1.0:
-        return fail(f"--ema-decay must be in [0, 1) (0: off), got {args.ema_decay}")
-    cfg = TrainConfig(data_dir=args.data, out_dir=args.out_dir, export_path=args.export)
-    if args.max_steps:
-        cfg.max_steps = args.max_steps
-    for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs", "dropout",
-                 "augment_reverse", "reverse_share", "ema_decay"):
-        value = getattr(args, name)
-        if value is not None:  # given on the command line (0 included)
-            setattr(cfg, name, value)
-    cfg.device = resolve_device(args.device)
-    try:
-        summary = train(cfg, progress=not args.no_progress)
-    except ValueError as e:  # a configuration the data or the --init-from weights cannot take
-        return fail(str(e))
-    dump({k: v for k, v in summary.items() if k != "history"})
-    return 0
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from chunlian.training.eval_run import run_eval
 
@@ -204,7 +169,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         dump(report)
     else:
         for k, v in report.items():
-            print(f"{k:28s} {v}")
+            for name, value in (v.items() if isinstance(v, dict) else [("", v)]):
+                print(f"{(k + ' ' + str(name)).strip():28s} {value}")
     return 0
 
 
@@ -295,41 +261,6 @@ def _add_compose(sub: Any) -> None:
     c.set_defaults(fn=cmd_compose)
 
 
-def _add_data(sub: Any) -> None:
-    d = sub.add_parser("data", help="prepare the training data (clean, dedupe, split)")
-    d.add_argument("--data-dir", required=True, help="folder holding couplets/ and safety/")
-    d.add_argument("--out-dir", default="runs/data", help="where the splits go (default runs/data)")
-    hidden_alias(d, "--out", "out_dir")
-    d.add_argument("--val-size", type=int, default=2000, help="pairs held out for validation (default 2000)")
-    d.add_argument("--seed", type=int, default=20260217, help="seed of the split")
-    d.set_defaults(fn=cmd_data)
-
-
-def _add_train(sub: Any) -> None:
-    t = sub.add_parser("train", help="train (or resume) the couplet model")
-    t.add_argument("--data", default="runs/data", help="output of 'chunlian data' (default runs/data)")
-    t.add_argument("--out-dir", default="runs/train", help="checkpoints and logs (default runs/train)")
-    hidden_alias(t, "--out", "out_dir")
-    t.add_argument("--export", default="runs/train/latest.safetensors", help="the exported weights file")
-    t.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (default 0: the plan's)")
-    add_device(t, "training")
-    t.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (CPUs with AMX or AVX-512 bf16, cuda)")
-    t.add_argument("--init-from", default=None, help="continue from exported weights (.safetensors)")
-    t.add_argument("--step-offset", type=int, default=None, help="steps behind --init-from (version name)")
-    t.add_argument("--lr-max", type=float, default=None, help="peak learning rate")
-    t.add_argument("--warmup-steps", type=int, default=None, help="steps of learning-rate warm-up")
-    t.add_argument("--batch-pairs", type=int, default=None, help="pairs a step")
-    t.add_argument("--dropout", type=float, default=None, help="on embeddings and residual branches (default: 0 from scratch, the --init-from weights' own when continuing)")
-    t.add_argument("--augment-reverse", action="store_true", default=None,
-                   help="also train on every modern pair the other way round (register <r:reversed>)")
-    t.add_argument("--reverse-share", type=float, default=None,
-                   help="share of batches of reversed pairs with --augment-reverse (default 0.3)")
-    t.add_argument("--ema-decay", type=float, default=None,
-                   help="also keep an exponential moving average of the weights (e.g. 0.999): ema.safetensors")
-    add_no_progress(t, old_quiet=True)
-    t.set_defaults(fn=cmd_train)
-
-
 def _add_eval(sub: Any) -> None:
     e = sub.add_parser("eval", help="score the model on a TSV of upper/lower pairs")
     e.add_argument("--data", required=True, help="a TSV of upper and lower lines (e.g. runs/data/val.tsv)")
@@ -380,7 +311,7 @@ def _add_warmup(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog="chunlian", description="Spring Festival couplets (春联)")
     sub = ap.add_subparsers(dest="command", required=True)
-    for add in (_add_generate, _add_compose, _add_data, _add_train, _add_eval, _add_serve, _add_warmup,
+    for add in (_add_generate, _add_compose, training_cli.register_data, training_cli.register_train, _add_eval, _add_serve, _add_warmup,
                 bench_cli.register, jobs_cli.register, cluster_cli.register):
         add(sub)
     return ap

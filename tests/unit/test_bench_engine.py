@@ -29,6 +29,27 @@ def test_engine_bench_reports_every_asked_key_with_rounds() -> None:
     assert [p["max_batch_size"] for p in rep["sweep"]] == [1, 4]
 
 
+def test_weights_side_by_side_report_each_and_the_ratios_against_the_first() -> None:
+    from chunlian.bench.engine import compare_weights
+    from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS, load_weights
+
+    rep = compare_weights([None, QUALITY_WEIGHTS], max_batch_size=4, requests=8, sequential_requests=4,
+                          threads=1, rounds=2)
+    first, second = rep["models"].values()
+    for m in (first, second):
+        assert m["batch_seq_per_s"] > 0 and m["lone_p50_ms"] > 0 and len(m["batch_seq_per_s_by_round"]) == 2
+    assert "ratio_batch_seq_per_s_vs_first" in second and "ratio_batch_seq_per_s_vs_first" not in first
+    want = second["batch_seq_per_s"] / first["batch_seq_per_s"]
+    assert abs(second["ratio_batch_seq_per_s_vs_first"] - want) <= 0.02 * want + 0.01
+    # the same weights twice are told apart by their place
+    twice = compare_weights([DEFAULT_WEIGHTS, DEFAULT_WEIGHTS], max_batch_size=2, requests=4,
+                            sequential_requests=2, threads=1, rounds=1)
+    tag = load_weights(DEFAULT_WEIGHTS).tag
+    assert list(twice["models"]) == [f"{tag} #1", f"{tag} #2"]
+    with pytest.raises(ValueError, match="two weight files"):
+        compare_weights([None])
+
+
 def test_the_mix_is_distinct_at_any_size() -> None:
     """Repeated lines would be coalesced into one generation and inflate the throughput
     (before this test, 1,600 requests held only 800 distinct lines)."""

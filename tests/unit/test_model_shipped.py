@@ -13,7 +13,7 @@ from chunlian.cli import main as cli_main
 from chunlian.engine.request import SeqSpec
 from chunlian.engine.runner import ModelRunner
 from chunlian.model.beam import BeamSearcher
-from chunlian.model.checkpoint import DEFAULT_WEIGHTS, LoadedModel, load_weights
+from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS, LoadedModel, load_weights
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.model.transformer import KVCache
 from chunlian.text import is_han, tone_class
@@ -456,13 +456,13 @@ def test_eval_with_channel_reranking_reports_its_weight_and_refuses_it_without_a
     # rescored by the shipped weights at 0.5
     assert cli_main(["eval", "--data", str(data), "--json", "--quality"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["model"] == "chunlian-couplet@rev-step9000"
+    assert report["model"] == load_weights(QUALITY_WEIGHTS).tag
     assert report["beam"] == 32 and report["channel_weight"] == 0.75 and report["no_shared_char"] == 1.0
-    assert report["rescore"] == ["chunlian-couplet@step9000"] and report["rescore_weight"] == 0.5
+    assert report["rescore"] == [load_weights(DEFAULT_WEIGHTS).tag] and report["rescore_weight"] == 0.5
     # an explicit --beam 1 is greedy on the quality weights, with no channel term
     assert cli_main(["eval", "--data", str(data), "--json", "--quality", "--beam", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["model"] == "chunlian-couplet@rev-step9000" and "beam" not in report
+    assert report["model"] == load_weights(QUALITY_WEIGHTS).tag and "beam" not in report
     assert "channel_weight" not in report and "rescore" not in report
     assert cli_main(["generate", "春回大地", "--quality", "--json"]) == 0
     line = json.loads(capsys.readouterr().out)
@@ -473,6 +473,6 @@ def test_load_quality_is_the_preset() -> None:
     from chunlian.offline import QUALITY, OfflineGenerator
 
     gen = OfflineGenerator.load_quality("cpu", capacity=4)
-    assert gen.loaded.version == "rev-step9000" and gen.beam_width == QUALITY.beam_width
+    assert gen.loaded.version == load_weights(QUALITY_WEIGHTS).version and gen.beam_width == QUALITY.beam_width
     assert gen.channel_weight == QUALITY.channel_weight and gen.rescore_weight == QUALITY.rescore_weight
     assert [m.version for m in gen.rescorers] == [shipped().version]

@@ -30,7 +30,7 @@ def _cfg(tmp: Path, name: str, **kw: object) -> TrainConfig:
     torch.set_num_threads(1)
     base = dict(data_dir=str(tmp / "data"), out_dir=str(tmp / name), export_path=str(tmp / name / "w.safetensors"),
                 max_steps=4, batch_pairs=4, warmup_steps=1, eval_every=2, ckpt_every=2, eval_pairs=2,
-                classical_share=0.0, n_layer=1, n_head=2, d_model=16, d_ff=32)
+                mix={}, n_layer=1, n_head=2, d_model=16, d_ff=32)
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
 
@@ -50,13 +50,65 @@ def test_init_from_starts_at_the_exported_weights(tmp_path: Path) -> None:
     train(_cfg(tmp_path, "a"), progress=False)
     src = tmp_path / "a" / "w.safetensors"
     # a learning rate of zero leaves the weights where they started: at the export, not random
-    train(_cfg(tmp_path, "b", init_from=str(src), step_offset=4, max_steps=2, lr_max=0.0, lr_min=0.0,
-               d_model=32), progress=False)  # the exported ModelConfig wins over these fields
+    train(_cfg(tmp_path, "b", init_from=str(src), step_offset=4, max_steps=2, lr_max=0.0, lr_min=0.0),
+          progress=False)
     before, after = load_weights(src), load_weights(tmp_path / "b" / "w.safetensors")
     assert after.version == "step6" and after.model.cfg == before.model.cfg
     assert after.tokenizer.itos == before.tokenizer.itos
     for (name, a), (_, b) in zip(before.model.state_dict().items(), after.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
+    # a warm start keeps the width of its weights: another one is refused, not silently ignored
+    with pytest.raises(ValueError, match="width"):
+        train(_cfg(tmp_path, "c", init_from=str(src), d_model=32), progress=False)
+
+
+def test_a_grown_model_computes_what_the_trained_one_did(tmp_path: Path) -> None:
+    from chunlian.model.tokenizer import Tokenizer
+    from chunlian.training.warmstart import grown
+
+    torch.manual_seed(0)
+    old_tok = Tokenizer.build(["春回大地福满人间"], min_count=1)
+    new_tok = Tokenizer.build(["春回大地福满人间天增岁月"], min_count=1)  # more characters, other ids
+    old = CoupletTransformer(ModelConfig(len(old_tok), n_layer=2, n_head=2, d_model=16, d_ff=32)).eval()
+    new = grown(old, old_tok, new_tok, n_layer=4, dropout=0.0).eval()
+    assert new.cfg.n_layer == 4 and new.cfg.vocab_size == len(new_tok)
+    text = "春回大地"
+    ids_old, ids_new = torch.tensor([old_tok.encode(text)]), torch.tensor([new_tok.encode(text)])
+    pos, role = torch.arange(4)[None], torch.zeros(1, 4, dtype=torch.long)
+    shared = [new_tok.stoi[c] for c in old_tok.itos]
+    with torch.no_grad():
+        a = old(ids_old, pos, role)
+        b = new(ids_new, pos, role)[..., shared]  # the shared tokens' logits, in the old order
+    assert torch.allclose(a, b, atol=1e-5)
+    with pytest.raises(ValueError, match="cannot drop layers"):
+        grown(old, old_tok, new_tok, n_layer=1, dropout=0.0)
+
+
+def test_a_cpu_budget_pauses_and_resumes_to_the_same_end(tmp_path: Path) -> None:
+    _data(tmp_path)
+    paused = train(_cfg(tmp_path, "t", budget_cpu_s=4.0, stop_cpu_s=1.0), progress=False)
+    assert paused["status"] == "paused" and 1.0 <= paused["cpu_s"] < 4.0  # type: ignore[operator]
+    done = train(_cfg(tmp_path, "t", budget_cpu_s=4.0), progress=False)
+    assert done["status"] == "done" and done["cpu_s"] >= 4.0  # type: ignore[operator]
+    assert done["steps"] > paused["steps"]  # type: ignore[operator]
+    steps = [h["step"] for h in done["history"]]  # type: ignore[attr-defined]
+    assert steps == sorted(steps) and paused["steps"] in steps  # one history across the pause
+    with pytest.raises(ValueError, match="at least 0"):
+        TrainConfig(budget_cpu_s=-1.0)
+
+
+def test_source_shares_split_what_is_left_by_size() -> None:
+    from chunlian.training.train import source_shares
+
+    shares = source_shares({"modern": 0.4}, {"modern": 10, "wb14123": 300, "classical": 100})
+    assert shares["modern"] == 0.4
+    assert shares["wb14123"] == pytest.approx(0.45) and shares["classical"] == pytest.approx(0.15)
+    assert source_shares({"modern": 0.2, "classical": 0.2}, {"modern": 1, "classical": 1}) == {
+        "modern": 0.5, "classical": 0.5}  # nothing unnamed: the named ones scale up
+    with pytest.raises(ValueError, match="does not hold: wb14123"):
+        source_shares({"wb14123": 0.5}, {"modern": 10})
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        TrainConfig(mix={"modern": 0.7, "classical": 0.5})
 
 
 def test_dropout_trains_with_noise_and_infers_without_and_the_best_step_is_kept(tmp_path: Path) -> None:
@@ -83,8 +135,10 @@ def test_train_refuses_a_dropout_outside_0_to_1(capsys: pytest.CaptureFixture[st
 
     assert main(["train", "--dropout", "1.5"]) == 2
     assert "--dropout must be in [0, 1), got 1.5" in capsys.readouterr().err
-    assert main(["train", "--augment-reverse", "--reverse-share", "0.8"]) == 2
-    assert "--reverse-share must be in [0, 0.7)" in capsys.readouterr().err
+    assert main(["train", "--mix", "modern=0.8,classical=0.4"]) == 2
+    assert "sum to at most 1" in capsys.readouterr().err
+    assert main(["train", "--mix", "modern:0.3"]) == 2
+    assert "--mix wants source=share pairs" in capsys.readouterr().err
     assert main(["train", "--ema-decay", "1.0"]) == 2
     assert "--ema-decay must be in [0, 1)" in capsys.readouterr().err
 
@@ -95,27 +149,28 @@ def test_reversed_pairs_are_modern_training_pairs_the_other_way_round() -> None:
 
     pairs = [Pair("春回大地", "福满人间", "modern"), Pair("白日依山尽", "黄河入海流", "classical")]
     # in their own register (token <r:reversed>); classical pairs are kept one way
-    assert reversed_pairs(pairs) == [Pair("福满人间", "春回大地", "reversed")]
+    assert reversed_pairs(pairs) == [Pair("福满人间", "春回大地", "reversed", "reversed")]
 
 
-def test_buckets_draw_each_register_at_its_share() -> None:
+def test_buckets_draw_each_source_at_its_share() -> None:
     import random
 
     from chunlian.data.corpus import Pair
     from chunlian.training.train import Buckets, reversed_pairs
 
     modern = [Pair(u, lo, "modern") for u, lo in PAIRS]
-    classical = [Pair("白日依山尽", "黄河入海流", "classical")]
-    buckets = Buckets(modern + reversed_pairs(modern) + classical, 0.2, random.Random(0), reverse_share=0.3)
-    drawn = [buckets.sample(4)[0][0].register for _ in range(4000)]
+    classical = [Pair("白日依山尽", "黄河入海流", "classical", "classical")]
+    mix = {"reversed": 0.3, "classical": 0.2}
+    buckets = Buckets(modern + reversed_pairs(modern) + classical, mix, random.Random(0))
+    drawn = [buckets.sample(4)[0][0].source for _ in range(4000)]
     shares = {r: drawn.count(r) / len(drawn) for r in ("modern", "reversed", "classical")}
     assert abs(shares["modern"] - 0.5) < 0.04 and abs(shares["reversed"] - 0.3) < 0.04
     assert abs(shares["classical"] - 0.2) < 0.04
     # a reversed pair's style is the forward pair's
     styles = {p.upper: s for key in buckets.keys for p, s in buckets.groups[key]}
     assert styles["竹报平安"] == styles["花开富贵"]
-    with pytest.raises(ValueError, match="below 1"):
-        Buckets(modern + reversed_pairs(modern) + classical, 0.5, random.Random(0), reverse_share=0.5)
+    with pytest.raises(ValueError, match="does not hold: wb14123"):
+        Buckets(modern, {"wb14123": 0.5}, random.Random(0))
 
 
 def test_augment_reverse_adds_the_register_token_after_the_characters_and_ema_is_exported(
@@ -160,7 +215,7 @@ def test_augment_reverse_from_weights_without_the_register_token_is_one_line(
 
 
 def test_ema_average_follows_its_formula() -> None:
-    from chunlian.training.train import EmaWeights
+    from chunlian.training.ema import EmaWeights
 
     model = torch.nn.Linear(2, 1, bias=False)
     with torch.no_grad():
@@ -175,3 +230,16 @@ def test_ema_average_follows_its_formula() -> None:
     assert torch.allclose(model.weight, torch.full((1, 2), 3.0))
     with pytest.raises(ValueError, match="ema_decay"):
         EmaWeights(model, 1.0)
+
+
+def test_eval_reports_each_length_bucket_apart() -> None:
+    from chunlian.training.eval_run import by_length
+
+    uppers = ["春回大地", "天增岁月人增寿", "一元复始万象更新", "春风得意花千树，喜气盈门福满堂"]
+    refs = ["福满人间", "春满乾坤福满门", "九州同春百业兴旺", "瑞雪丰年玉万枝，和风入户春盈院"]
+    hyps = [refs[0], "春满乾坤喜满门", "五谷丰登六畜兴旺", "秋月当空水一池，清辉照夜月当头"]
+    out = by_length(uppers, hyps, refs)
+    assert list(out) == ["<=7", "8-12", ">12"]
+    assert [out[k]["pairs"] for k in out] == [2, 1, 1]
+    assert out["<=7"]["bleu1"] > out[">12"]["bleu1"]  # one exact line among the short ones
+    assert by_length(uppers[:1], hyps[:1], refs[:1]).keys() == {"<=7"}  # empty buckets are left out

@@ -12,9 +12,15 @@ from chunlian.cliargs import add_device, hidden_alias, positive
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from chunlian.bench.engine import run
+    from chunlian.bench.engine import compare_weights, run
     from chunlian.config import load_settings
 
+    if args.against:
+        report = compare_weights([args.model_path, *args.against], args.max_batch_size, args.requests,
+                                 args.sequential_requests, args.torch_threads,
+                                 load_settings(device=args.device).resolved_device(), args.rounds)
+        print(json.dumps(report, ensure_ascii=False, indent=None if args.json else 1))
+        return 0
     sweep = [int(x) for x in args.sweep.split(",")] if args.sweep else None
     settings = load_settings(device=args.device, max_batch_size=args.max_batch_size,
                              engine_replicas=args.engine_replicas)
@@ -60,6 +66,10 @@ def _add_engine(bsub: Any) -> None:
     hidden_alias(e, "--replicas", "engine_replicas", type=int)
     e.add_argument("--rounds", type=positive(int), default=2,
                    help="static and continuous runs each, alternating order; figures are means (default 2)")
+    e.add_argument("--against", type=Path, action="append", default=None, metavar="WEIGHTS",
+                   help="instead of the batching modes: these weights side by side with --model-path,"
+                        " continuous batching at --max-batch-size (couplets/s) and one request at a"
+                        " time (latency), alternating order each round (repeatable)")
     e.set_defaults(fn=_engine)
 
 

@@ -313,3 +313,54 @@ def replicated_peak(model_path: str | None, max_batch_size: int, requests: int, 
             "seeded_share": seeded_share,
             "by_replica_steady_seq_per_s": [x["steady_seq_per_s"] for x in parts]}
 
+
+
+def compare_weights(
+    paths: list[Path | None], max_batch_size: int = 64, requests: int = 400, sequential_requests: int = 60,
+    threads: int = 2, device: str = "cpu", rounds: int = 2,
+) -> dict[str, Any]:
+    """Two or more weight files on one host, side by side: continuous batching at
+    ``max_batch_size`` (couplets/s) and one request at a time (latency), each round in an
+    alternating order of the weights, so the host's drift falls on each alike. Ratios are
+    against the first weights."""
+    from chunlian.engine.runner import single_threaded_here
+    from chunlian.model.hengpi import HengpiSelector
+
+    if rounds < 1 or len(paths) < 2:
+        raise ValueError("compare_weights needs two weight files or more and rounds >= 1")
+    single_threaded_here()
+    models = [load_weights(p, device) for p in paths]
+    tags = [m.tag for m in models]
+    names = [t if tags.count(t) == 1 else f"{t} #{i + 1}" for i, t in enumerate(tags)]
+    hengpis = [HengpiSelector.from_loaded(m) for m in models]
+    mix = mixed_lines(requests)
+    lone = length_sample(mix, sequential_requests)
+    batched: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    single: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for i, m in enumerate(models):  # warm-up: first-call allocations stay out of the figures
+        asyncio.run(_drive(m, mix[:16], min(16, max_batch_size), "continuous", hengpis[i], threads))
+    for r in range(rounds):
+        order = list(range(len(models)))
+        for i in order if r % 2 == 0 else order[::-1]:
+            batched[names[i]].append(asyncio.run(_drive(models[i], mix, max_batch_size, "continuous",
+                                                        hengpis[i], threads)))
+            single[names[i]].append(asyncio.run(_drive(models[i], lone[r::rounds], 1, "continuous",
+                                                       hengpis[i], threads)))
+    out: dict[str, Any] = {"requests": len(mix), "lone_requests": len(lone), "max_batch_size": max_batch_size,
+                           "torch_threads": threads, "rounds": rounds, "models": {}}
+    for n, m in zip(names, models, strict=True):
+        b, s = _mean_run(batched[n]), _mean_run(single[n])
+        out["models"][n] = {
+            "params": m.model.num_params(),
+            "batch_seq_per_s": round(b["seq_per_s"], 1),
+            "batch_p99_ms": round(b["p99_ms"], 1),
+            "lone_p50_ms": round(s["p50_ms"], 1),
+            "lone_p99_ms": round(s["p99_ms"], 1),
+            "batch_seq_per_s_by_round": [round(x["seq_per_s"], 1) for x in batched[n]],
+        }
+    first = out["models"][names[0]]
+    for n in names[1:]:
+        cur = out["models"][n]
+        cur["ratio_batch_seq_per_s_vs_first"] = round(cur["batch_seq_per_s"] / first["batch_seq_per_s"], 2)
+        cur["ratio_lone_p50_vs_first"] = round(cur["lone_p50_ms"] / first["lone_p50_ms"], 2)
+    return out

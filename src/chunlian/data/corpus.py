@@ -1,13 +1,15 @@
 """Read, clean, de-duplicate and split the couplet corpora.
 
-Input: ``DATA_DIR/couplets/{modern,classical_lvshi}.tsv`` and ``DATA_DIR/safety/blocklist.txt``
-(see the data folder's README). Output: ``train.tsv`` and ``val.tsv`` with columns
-``upper, lower, register``, plus ``stats.json`` with the counts kept and dropped per reason.
+Input: every file of ``SOURCES`` found under ``DATA_DIR/couplets/`` and
+``DATA_DIR/safety/blocklist.txt`` (see the data folder's README). Output: ``train.tsv`` and one
+file per ``VAL_SPLITS`` entry, with columns ``upper, lower, register, source``, plus
+``stats.json`` with the counts read, kept and dropped per source and reason.
 
-The validation split is carved from the modern set with a fixed seed, grouped by the Han
-characters of the 上联 so that a punctuated and an unpunctuated copy of one couplet never
-straddle the split; any training pair that shares an upper or lower line with a validation
-pair is dropped as a leak.
+De-duplication is across sources, on the Han characters of both lines (a punctuated and an
+unpunctuated copy of one couplet are one pair); the first source in ``SOURCES`` order keeps it.
+Each validation split is carved from one source with a fixed seed, grouped by the Han characters
+of the 上联, one reference per upper line; any training pair that shares an upper or lower line
+with a pair of *any* validation split is dropped as a leak.
 """
 
 from __future__ import annotations
@@ -26,23 +28,68 @@ REGISTERS = ("modern", "classical")
 
 
 @dataclass(frozen=True)
+class Source:
+    name: str
+    file: str  # under DATA_DIR/couplets/
+    register: str  # the register token the model is trained with
+    min_han_chars: int = 1  # shorter lines are dropped ("too_short"): junk pairs in scraped sets
+    required: bool = False
+
+
+SOURCES: tuple[Source, ...] = (
+    Source("modern", "modern.tsv", "modern", required=True),
+    Source("classical", "classical_lvshi.tsv", "classical"),
+    Source("more_modern", "more_modern.tsv", "modern", min_han_chars=4),
+    Source("wb14123", "wb14123_train.tsv", "modern", min_han_chars=4),
+)
+
+
+@dataclass(frozen=True)
+class ValSplit:
+    file: str  # written to the output folder
+    source: str  # a Source.name
+    seed: int
+
+
+# The seeds are part of the splits' identity: changing one moves pairs between train and val.
+VAL_SPLITS: tuple[ValSplit, ...] = (
+    ValSplit("val.tsv", "modern", 20260217),
+    ValSplit("val_wb14123.tsv", "wb14123", 20261203),
+)
+
+
+@dataclass(frozen=True)
 class Pair:
     upper: str
     lower: str
     register: str  # "modern" | "classical" (training also makes "reversed" pairs)
+    source: str = "modern"  # a Source.name ("reversed" for pairs training turns round)
 
 
 @dataclass
 class CleanStats:
-    read: Counter[str] = field(default_factory=Counter)
-    kept: Counter[str] = field(default_factory=Counter)
-    dropped: Counter[str] = field(default_factory=Counter)  # "reason" -> count
+    read: Counter[str] = field(default_factory=Counter)  # source -> rows
+    kept: Counter[str] = field(default_factory=Counter)  # "train:source" / "val file" -> pairs
+    dropped: Counter[str] = field(default_factory=Counter)  # "source:reason" -> rows
 
     def as_dict(self) -> dict[str, object]:
         return {"read": dict(self.read), "kept": dict(self.kept), "dropped": dict(self.dropped)}
 
+    def table(self) -> str:
+        """Counts per source: read, trained on, held out, and dropped per reason."""
+        reasons = sorted({k.split(":", 1)[1] for k in self.dropped})
+        head = ["source", "read", "train", "val", *reasons]
+        rows = [head]
+        for name in self.read:
+            val = sum(v for k, v in self.kept.items() if k.startswith(f"val:{name}:"))
+            rows.append([name, str(self.read[name]), str(self.kept[f"train:{name}"]), str(val),
+                         *(str(self.dropped[f"{name}:{r}"]) for r in reasons)])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                                   enumerate(zip(r, widths, strict=True))) for r in rows)
 
-def drop_reason(upper: str, lower: str, blocklist: Blocklist | None) -> str | None:
+
+def drop_reason(upper: str, lower: str, blocklist: Blocklist | None, min_han_chars: int = 1) -> str | None:
     """Why a normalised pair must be dropped, or None to keep it."""
     if not upper or not lower:
         return "empty"
@@ -57,6 +104,8 @@ def drop_reason(upper: str, lower: str, blocklist: Blocklist | None) -> str | No
         return "punct_mismatch"
     if len(upper) > MAX_LINE_CHARS:
         return "too_long"
+    if sum(1 for c in upper if is_han(c)) < min_han_chars:
+        return "too_short"
     if upper == lower:
         return "identical_lines"
     if blocklist is not None and (blocklist.find(upper) or blocklist.find(lower)):
@@ -70,88 +119,96 @@ def read_tsv(path: Path) -> list[tuple[str, str]]:
         return [(row.get("upper") or "", row.get("lower") or "") for row in reader]
 
 
-def clean(
-    rows: list[tuple[str, str]], register: str, blocklist: Blocklist | None, stats: CleanStats,
-    seen: set[tuple[str, str]],
-) -> list[Pair]:
-    out: list[Pair] = []
-    for raw_u, raw_l in rows:
-        stats.read[register] += 1
-        u, lo = normalize(raw_u), normalize(raw_l)
-        reason = drop_reason(u, lo, blocklist)
-        if reason is None and (u, lo) in seen:
-            reason = "duplicate"
-        if reason is not None:
-            stats.dropped[f"{register}:{reason}"] += 1
-            continue
-        seen.add((u, lo))
-        out.append(Pair(u, lo, register))
-    return out
-
-
 def _han_key(line: str) -> str:
     return "".join(c for c in line if is_han(c))
 
 
-def split(
-    modern: list[Pair], classical: list[Pair], val_size: int, seed: int, stats: CleanStats
-) -> tuple[list[Pair], list[Pair]]:
-    """Carve ``val_size`` modern pairs (grouped by upper line) into validation."""
+def clean(
+    rows: list[tuple[str, str]], source: Source, blocklist: Blocklist | None, stats: CleanStats,
+    seen: set[tuple[str, str]],
+) -> list[Pair]:
+    """Normalise and filter one source's rows; ``seen`` holds the Han keys kept so far."""
+    out: list[Pair] = []
+    for raw_u, raw_l in rows:
+        stats.read[source.name] += 1
+        u, lo = normalize(raw_u), normalize(raw_l)
+        reason = drop_reason(u, lo, blocklist, source.min_han_chars)
+        key = (_han_key(u), _han_key(lo))
+        if reason is None and key in seen:
+            reason = "duplicate"
+        if reason is not None:
+            stats.dropped[f"{source.name}:{reason}"] += 1
+            continue
+        seen.add(key)
+        out.append(Pair(u, lo, source.register, source.name))
+    return out
+
+
+def carve(pairs: list[Pair], val_size: int, seed: int) -> list[Pair]:
+    """``val_size`` pairs, one per distinct upper line, in a seeded order."""
     groups: dict[str, list[Pair]] = {}
-    for p in modern:
+    for p in pairs:
         groups.setdefault(_han_key(p.upper), []).append(p)
     keys = sorted(groups)
     random.Random(seed).shuffle(keys)
-    val: list[Pair] = []
-    for k in keys:
-        if len(val) >= val_size:
-            break
-        val.append(groups[k][0])  # one reference per upper line
-    val_lines = {_han_key(p.upper) for p in val} | {_han_key(p.lower) for p in val}
+    return [groups[k][0] for k in keys[:val_size]]
+
+
+def split(
+    by_source: dict[str, list[Pair]], stats: CleanStats, val_size: int,
+    splits: tuple[ValSplit, ...] = VAL_SPLITS,
+) -> tuple[list[Pair], dict[str, list[Pair]]]:
+    """(training pairs, {split file: validation pairs}); leaks into any split are dropped."""
+    vals = {s.file: carve(by_source.get(s.source, []), val_size, s.seed) for s in splits}
+    val_lines = {_han_key(line) for val in vals.values() for p in val for line in (p.upper, p.lower)}
     train: list[Pair] = []
-    for p in modern + classical:
-        if _han_key(p.upper) in val_lines or _han_key(p.lower) in val_lines:
-            stats.dropped[f"{p.register}:overlaps_validation"] += 1
-            continue
-        train.append(p)
-    return train, val
+    for pairs in by_source.values():
+        for p in pairs:
+            if _han_key(p.upper) in val_lines or _han_key(p.lower) in val_lines:
+                stats.dropped[f"{p.source}:overlaps_validation"] += 1
+                continue
+            train.append(p)
+    return train, vals
 
 
 def write_pairs(path: Path, pairs: list[Pair]) -> None:
     with path.open("w", encoding="utf-8") as f:
-        f.write("upper\tlower\tregister\n")
+        f.write("upper\tlower\tregister\tsource\n")
         for p in pairs:
-            f.write(f"{p.upper}\t{p.lower}\t{p.register}\n")
+            f.write(f"{p.upper}\t{p.lower}\t{p.register}\t{p.source}\n")
 
 
 def read_pairs(path: Path) -> list[Pair]:
     with path.open(encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        return [Pair(r["upper"], r["lower"], r.get("register") or "modern") for r in reader]
+        return [Pair(r["upper"], r["lower"], r.get("register") or "modern",
+                     r.get("source") or r.get("register") or "modern") for r in reader]
 
 
-def prepare(data_dir: Path, out_dir: Path, val_size: int = 2000, seed: int = 20260217) -> CleanStats:
-    """Run the whole pipeline; write train/val TSVs and stats.json into ``out_dir``."""
+def prepare(data_dir: Path, out_dir: Path, val_size: int = 2000) -> CleanStats:
+    """Run the whole pipeline; write the train and validation TSVs and stats.json."""
     couplets = data_dir / "couplets"
-    if not (couplets / "modern.tsv").is_file():
-        raise FileNotFoundError(f"expected {couplets / 'modern.tsv'}; is --data-dir right?")
+    for src in SOURCES:
+        if src.required and not (couplets / src.file).is_file():
+            raise FileNotFoundError(f"expected {couplets / src.file}; is --data-dir right?")
+    if val_size < 1:
+        raise ValueError(f"val_size must be at least 1, got {val_size}")
     blocklist = Blocklist.from_file(data_dir / "safety" / "blocklist.txt")
     stats = CleanStats()
     seen: set[tuple[str, str]] = set()
-    modern = clean(read_tsv(couplets / "modern.tsv"), "modern", blocklist, stats, seen)
-    classical_path = couplets / "classical_lvshi.tsv"
-    classical = (
-        clean(read_tsv(classical_path), "classical", blocklist, stats, seen)
-        if classical_path.is_file()
-        else []
-    )
-    train, val = split(modern, classical, val_size, seed, stats)
+    by_source = {
+        src.name: clean(read_tsv(couplets / src.file), src, blocklist, stats, seen)
+        for src in SOURCES if (couplets / src.file).is_file()
+    }
+    train, vals = split(by_source, stats, val_size,
+                        tuple(s for s in VAL_SPLITS if s.source in by_source))
     for p in train:
-        stats.kept[f"train:{p.register}"] += 1
-    stats.kept["val:modern"] = len(val)
+        stats.kept[f"train:{p.source}"] += 1
     out_dir.mkdir(parents=True, exist_ok=True)
     write_pairs(out_dir / "train.tsv", train)
-    write_pairs(out_dir / "val.tsv", val)
+    for name, val in vals.items():
+        stats.kept[f"val:{val[0].source if val else '-'}:{name}"] = len(val)
+        write_pairs(out_dir / name, val)
     (out_dir / "stats.json").write_text(
         json.dumps(stats.as_dict(), ensure_ascii=False, indent=2), encoding="utf-8"
     )

@@ -37,6 +37,21 @@ def read_eval_pairs(path: Path, limit: int | None) -> list[tuple[str, str]]:
     return pairs
 
 
+# the model card's length buckets: short (up to 7 characters), medium, long
+LENGTH_BUCKETS: tuple[tuple[str, int, int], ...] = (("<=7", 1, 7), ("8-12", 8, 12), (">12", 13, 10**6))
+
+
+def by_length(uppers: list[str], hyps: list[str], refs: list[str]) -> dict[str, dict[str, float]]:
+    """The metrics per length bucket of the 上联 (``pairs``: how many fall in it)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, lo, hi in LENGTH_BUCKETS:
+        idx = [i for i, u in enumerate(uppers) if lo <= len(u) <= hi]
+        if idx:
+            out[name] = {"pairs": len(idx), **compute_metrics(
+                [uppers[i] for i in idx], [hyps[i] for i in idx], [refs[i] for i in idx])}
+    return out
+
+
 def run_eval(
     data: Path, limit: int | None = None, model_path: Path | None = None, device: str = "cpu",
     baselines: bool = False, batch_size: int = 64, tone_bias: float | None = None,
@@ -64,7 +79,7 @@ def run_eval(
     seconds = time.perf_counter() - t0
     hyps = ["" if isinstance(r, ChunlianError) else r.best.lower for r in results]
     report: dict[str, Any] = {**compute_metrics(uppers, hyps, refs), "seconds": round(seconds, 2),
-                              "model": gen.loaded.tag}
+                              "model": gen.loaded.tag, "by_length": by_length(uppers, hyps, refs)}
     if beam > 1:
         report["beam"] = beam
     if channel_weight > 0:
