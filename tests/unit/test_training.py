@@ -98,7 +98,7 @@ def test_a_cpu_budget_pauses_and_resumes_to_the_same_end(tmp_path: Path) -> None
 
 
 def test_source_shares_split_what_is_left_by_size() -> None:
-    from chunlian.training.train import source_shares
+    from chunlian.training.batches import source_shares
 
     shares = source_shares({"modern": 0.4}, {"modern": 10, "wb14123": 300, "classical": 100})
     assert shares["modern"] == 0.4
@@ -145,7 +145,7 @@ def test_train_refuses_a_dropout_outside_0_to_1(capsys: pytest.CaptureFixture[st
 
 def test_reversed_pairs_are_modern_training_pairs_the_other_way_round() -> None:
     from chunlian.data.corpus import Pair
-    from chunlian.training.train import reversed_pairs
+    from chunlian.training.batches import reversed_pairs
 
     pairs = [Pair("春回大地", "福满人间", "modern"), Pair("白日依山尽", "黄河入海流", "classical")]
     # in their own register (token <r:reversed>); classical pairs are kept one way
@@ -156,7 +156,7 @@ def test_buckets_draw_each_source_at_its_share() -> None:
     import random
 
     from chunlian.data.corpus import Pair
-    from chunlian.training.train import Buckets, reversed_pairs
+    from chunlian.training.batches import Buckets, reversed_pairs
 
     modern = [Pair(u, lo, "modern") for u, lo in PAIRS]
     classical = [Pair("白日依山尽", "黄河入海流", "classical", "classical")]

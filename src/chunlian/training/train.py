@@ -1,8 +1,8 @@
 """Train the couplet model on the prepared corpora (CPU here, ``cuda`` when present).
 
-Batches are drawn from (source, line length) buckets, each source at its share of the
-batches (``mix``), so a batch holds sequences of one
-length and needs no padding. Loss: 1.0 on 下联 characters and EOS, ``upper_weight`` on 上联
+Batches come from ``batches.Buckets``: one source and one line length a batch, each source at
+its share (``mix``), no padding. The schedule runs over steps or over a budget of process CPU
+time that a run can pause in and resume. Loss: 1.0 on 下联 characters and EOS, ``upper_weight`` on 上联
 characters (the model also writes upper lines for 藏头 couplets), 0 on the forced SEP.
 Checkpoints (model, optimiser, step, RNG) are written every ``ckpt_every`` steps and the
 run resumes from the last one; an fp16 safetensors export is refreshed at each checkpoint.
@@ -26,8 +26,9 @@ from torch import Tensor
 from chunlian.data.corpus import Pair, read_pairs
 from chunlian.model.checkpoint import load_weights, save_weights
 from chunlian.model.styles import derive_style
-from chunlian.model.tokenizer import REVERSED_TOKEN, Tokenizer, sequence_roles
+from chunlian.model.tokenizer import REVERSED_TOKEN, Tokenizer
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
+from chunlian.training.batches import REVERSED, Buckets, encode_batch, reversed_pairs
 from chunlian.training.ema import EmaWeights
 from chunlian.training.warmstart import grown
 
@@ -94,40 +95,6 @@ class TrainConfig:
             raise ValueError(f"mix shares must lie in [0, 1] and sum to at most 1, got {self.mix}")
 
 
-def encode_batch(
-    tok: Tokenizer, pairs: list[Pair], styles: list[str], upper_weight: float, device: str
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Same-length pairs -> (idx, pos, role, targets, weights), each ``[B, 2n+4]``."""
-    n = len(pairs[0].upper)
-    rows = []
-    for p, s in zip(pairs, styles, strict=True):
-        rows.append(
-            tok.prefix(s, p.register) + tok.encode(p.upper) + [tok.sep_id] + tok.encode(p.lower)
-            + [tok.eos_id]
-        )
-    seq = torch.tensor(rows, dtype=torch.long)  # [B, 2n+5]
-    idx, tgt = seq[:, :-1], seq[:, 1:]
-    T = idx.shape[1]
-    pos = torch.arange(T).expand_as(idx)
-    role = torch.tensor(sequence_roles(n, n)).expand_as(idx)
-    w = torch.zeros(T)
-    w[2 : 2 + n] = upper_weight  # targets u_0..u_{n-1}
-    w[3 + n :] = 1.0  # targets l_0..l_{n-1}, EOS
-    weights = w.expand_as(idx).clone()
-    weights[tgt == tok.unk_id] = 0.0
-    return idx.to(device), pos.to(device), role.to(device), tgt.to(device), weights.to(device)
-
-
-REVERSED = "reversed"  # the register and source of reversed pairs (token <r:reversed>)
-
-
-def reversed_pairs(pairs: list[Pair]) -> list[Pair]:
-    """The modern-register pairs the other way round, in their own register (validation
-    pairs are never among them: they are not in the training split)."""
-    return [Pair(upper=p.lower, lower=p.upper, register=REVERSED, source=REVERSED) for p in pairs
-            if p.register == "modern" and p.lower != p.upper]
-
-
 def weighted_loss(logits: Tensor, tgt: Tensor, weights: Tensor) -> Tensor:
     ce = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), reduction="none")
     return (ce * weights.flatten()).sum() / weights.sum().clamp_min(1.0)
@@ -142,56 +109,6 @@ def lr_at(step: int, cfg: TrainConfig, cpu_s: float = 0.0) -> float:
     else:
         frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     return cfg.lr_min + 0.5 * (cfg.lr_max - cfg.lr_min) * (1 + math.cos(math.pi * frac))
-
-
-def source_shares(mix: dict[str, float], sizes: dict[str, int]) -> dict[str, float]:
-    """The share of batches of each source present: the named ones as given, the rest of
-    1.0 split among the unnamed ones by size (or the named ones scaled up if none is left)."""
-    absent = sorted(s for s, v in mix.items() if v > 0 and not sizes.get(s))
-    if absent:
-        raise ValueError(f"--mix names sources the training data does not hold: {', '.join(absent)}"
-                         f" (it holds {', '.join(sorted(sizes))})")
-    named = {s: v for s, v in mix.items() if sizes.get(s)}
-    others = {s: n for s, n in sizes.items() if s not in named and n}
-    rest = max(0.0, 1.0 - sum(named.values()))
-    shares = dict(named)
-    total_others = sum(others.values())
-    for s, n in others.items():
-        shares[s] = rest * n / total_others
-    if not others:
-        scale = sum(named.values())
-        if scale <= 0:
-            raise ValueError(f"--mix gives every source a share of 0: {mix}")
-        shares = {s: v / scale for s, v in named.items()}
-    return shares
-
-
-class Buckets:
-    """Pairs grouped by (source, length), sampled by weight; one bucket per batch."""
-
-    def __init__(self, pairs: list[Pair], mix: dict[str, float], rng: random.Random) -> None:
-        self.rng = rng
-        self.groups: dict[tuple[str, int], list[tuple[Pair, str]]] = {}
-        for p in pairs:
-            # a reversed pair's style comes from the forward pair (derive_style reads both lines)
-            register = "modern" if p.register == REVERSED else p.register
-            self.groups.setdefault((p.source, len(p.upper)), []).append(
-                (p, derive_style(p.upper, p.lower, register)))
-        self.keys = sorted(self.groups)
-        sizes: dict[str, int] = {}
-        for (src, _), g in self.groups.items():
-            sizes[src] = sizes.get(src, 0) + len(g)
-        self.shares = source_shares(mix, sizes)
-        self.weights = [self.shares[s] * len(self.groups[(s, n)]) / sizes[s] for s, n in self.keys]
-
-    def sample(self, batch_pairs: int) -> tuple[list[Pair], list[str]]:
-        key = self.rng.choices(self.keys, weights=self.weights)[0]
-        group = self.groups[key]
-        # Long lines get fewer pairs per batch: keep tokens per batch roughly constant.
-        n = key[1]
-        k = min(len(group), max(16, batch_pairs * 7 // max(7, n)))
-        picked = self.rng.sample(group, k)
-        return [p for p, _ in picked], [s for _, s in picked]
 
 
 class CpuClock:
@@ -287,113 +204,141 @@ def _optimizer(model: CoupletTransformer, cfg: TrainConfig) -> torch.optim.AdamW
     )
 
 
+class Trainer:
+    """One training run: its data, model, optimiser and clock, restored from the checkpoint
+    in ``out_dir`` when there is one."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.out = cfg, Path(cfg.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        forward = read_pairs(Path(cfg.data_dir) / "train.tsv")  # the vocabulary counts each pair once
+        self.train_pairs = forward + (reversed_pairs(forward) if cfg.augment_reverse else [])
+        self.vals = val_splits(Path(cfg.data_dir), cfg.eval_pairs, cfg.seed)
+        self.ckpt_path = self.out / "ckpt.pt"
+        state = torch.load(self.ckpt_path, map_location="cpu", weights_only=False) \
+            if self.ckpt_path.exists() else None
+        self.model, self.tok = build_model(cfg, forward, state)
+        self.opt = _optimizer(self.model, cfg)
+        self.rng = random.Random(cfg.seed)
+        self.step, wall_s, cpu_s = 0, 0.0, 0.0
+        self.history: list[dict[str, Any]] = []
+        self.ema = EmaWeights(self.model, cfg.ema_decay) if cfg.ema_decay > 0 else None
+        if state is not None:
+            self._restore(state)
+            wall_s, cpu_s = state["elapsed_s"], state.get("cpu_s", 0.0)
+        self.buckets = Buckets(self.train_pairs, cfg.mix, self.rng)
+        self.t0, self.clock = time.perf_counter() - wall_s, CpuClock(cpu_s)
+        self.meta = {"train_cfg": json.dumps(asdict(cfg))}
+        # the best mean validation loss so far: its weights are also kept as best.safetensors
+        # (the last step is not always the best once the data has been seen many times)
+        self.best_vl = min((float(h["val_mean"]) for h in self.history if "val_mean" in h), default=math.inf)
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.step, self.history = state["step"], state["history"]
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        if self.ema is not None and "ema" in state:
+            self.ema.load_state_dict(state["ema"])
+
+    @property
+    def version(self) -> str:
+        return f"{self.cfg.version_prefix}{self.cfg.step_offset + self.step}"
+
+    def finished(self) -> bool:
+        cfg = self.cfg
+        return self.clock.cpu_s >= cfg.budget_cpu_s if cfg.budget_cpu_s else self.step >= cfg.max_steps
+
+    def paused(self) -> bool:
+        return bool(self.cfg.stop_cpu_s) and self.clock.cpu_s >= self.cfg.stop_cpu_s
+
+    def train_step(self) -> float:
+        cfg = self.cfg
+        for g in self.opt.param_groups:
+            g["lr"] = lr_at(self.step, cfg, self.clock.cpu_s)
+        pairs, styles = self.buckets.sample(cfg.batch_pairs)
+        idx, pos, role, tgt, w = encode_batch(self.tok, pairs, styles, cfg.upper_weight, cfg.device)
+        with torch.autocast(cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = self.model(idx, pos, role)
+        loss = weighted_loss(logits, tgt, w)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        if self.ema is not None:
+            self.ema.update()
+        self.step += 1
+        return float(loss.item())
+
+    def evaluate(self, loss_ema: float) -> dict[str, Any]:
+        """Validation losses into the history; the best weights so far kept."""
+        losses = {k: round(evaluate_loss(self.model, self.tok, v, self.cfg), 4) for k, v in self.vals.items()}
+        mean = round(sum(losses.values()) / len(losses), 4)
+        entry: dict[str, Any] = {"step": self.step, "train_loss_ema": round(loss_ema, 4), **losses,
+                                 "val_mean": mean, "cpu_s": round(self.clock.cpu_s, 1),
+                                 "elapsed_s": round(time.perf_counter() - self.t0, 1)}
+        if self.ema is not None:
+            with self.ema.swapped_in():
+                entry["val_loss_weights_ema"] = round(
+                    evaluate_loss(self.model, self.tok, self.vals["val_loss"], self.cfg), 4)
+        self.history.append(entry)
+        if mean < self.best_vl:
+            self.best_vl = mean
+            save_weights(self.out / "best.safetensors", self.model, self.tok, version=self.version,
+                         extra={**self.meta, "val_loss": f"{mean:.4f}"})
+        return entry
+
+    def checkpoint(self) -> None:
+        """The resumable state (written whole, then renamed) and the exported weights."""
+        tmp = self.out / "ckpt.pt.tmp"
+        torch.save(
+            {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+             "history": self.history, "elapsed_s": time.perf_counter() - self.t0, "cpu_s": self.clock.cpu_s,
+             "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(), "vocab": self.tok.itos,
+             "model_cfg": asdict(self.model.cfg), "train_cfg": asdict(self.cfg),
+             **({"ema": self.ema.state_dict()} if self.ema is not None else {})},
+            tmp,
+        )
+        os.replace(tmp, self.ckpt_path)
+        save_weights(Path(self.cfg.export_path), self.model, self.tok, version=self.version, extra=self.meta)
+        if self.ema is not None:
+            with self.ema.swapped_in():
+                save_weights(self.out / "ema.safetensors", self.model, self.tok, version=f"{self.version}-ema",
+                             extra={**self.meta, "ema_decay": str(self.cfg.ema_decay)})
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "status": "done" if self.finished() else "paused", "steps": self.step,
+            "params": self.model.num_params(), "vocab": len(self.tok), "train_pairs": len(self.train_pairs),
+            "shares": self.buckets.shares, "elapsed_s": round(time.perf_counter() - self.t0, 1),
+            "cpu_s": round(self.clock.cpu_s, 1), "history": self.history,
+            "torch_threads": torch.get_num_threads(), "device": self.cfg.device,
+        }
+
+
 def train(cfg: TrainConfig, progress: bool = True) -> dict[str, object]:
     """Train (or resume) and export; returns a summary with losses and timing."""
     from tqdm import tqdm
 
-    torch.manual_seed(cfg.seed)
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    forward_pairs = read_pairs(Path(cfg.data_dir) / "train.tsv")  # the vocabulary counts each pair once
-    train_pairs = forward_pairs + (reversed_pairs(forward_pairs) if cfg.augment_reverse else [])
-    vals = val_splits(Path(cfg.data_dir), cfg.eval_pairs, cfg.seed)
-    ckpt_path = out / "ckpt.pt"
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path.exists() else None
-    model, tok = build_model(cfg, forward_pairs, state)
-    opt = _optimizer(model, cfg)
-    rng = random.Random(cfg.seed)
-    step, history, wall_s, carried_cpu_s = 0, [], 0.0, 0.0
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, history, wall_s = state["step"], state["history"], state["elapsed_s"]
-        carried_cpu_s = state.get("cpu_s", 0.0)
-        rng.setstate(state["rng"])
-        torch.set_rng_state(state["torch_rng"])
-    ema = EmaWeights(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
-    if ema is not None and state is not None and "ema" in state:
-        ema.load_state_dict(state["ema"])
-    buckets = Buckets(train_pairs, cfg.mix, rng)
-    model.train()
-    t0, clock = time.perf_counter() - wall_s, CpuClock(carried_cpu_s)
+    t = Trainer(cfg)
     budget = cfg.budget_cpu_s
-    bar = tqdm(total=int(budget) if budget else cfg.max_steps, initial=int(clock.cpu_s) if budget else step,
+    bar = tqdm(total=int(budget) if budget else cfg.max_steps, initial=int(t.clock.cpu_s) if budget else t.step,
                disable=not progress, desc="train (cpu s)" if budget else "train", smoothing=0.05)
-    device_type = cfg.device.split(":")[0]
-
-    def version() -> str:
-        return f"{cfg.version_prefix}{cfg.step_offset + step}"
-
-    meta = {"train_cfg": json.dumps(asdict(cfg))}
-
-    def checkpoint() -> None:
-        tmp = out / "ckpt.pt.tmp"
-        torch.save(
-            {"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-             "history": history, "elapsed_s": time.perf_counter() - t0, "cpu_s": clock.cpu_s,
-             "rng": rng.getstate(), "torch_rng": torch.get_rng_state(), "vocab": tok.itos,
-             "model_cfg": asdict(model.cfg), "train_cfg": asdict(cfg),
-             **({"ema": ema.state_dict()} if ema is not None else {})},
-            tmp,
-        )
-        os.replace(tmp, ckpt_path)
-        save_weights(Path(cfg.export_path), model, tok, version=version(), extra=meta)
-        if ema is not None:
-            with ema.swapped_in():
-                save_weights(out / "ema.safetensors", model, tok, version=f"{version()}-ema",
-                             extra={**meta, "ema_decay": str(cfg.ema_decay)})
-
-    def finished() -> bool:
-        return clock.cpu_s >= budget if budget else step >= cfg.max_steps
-
-    def paused() -> bool:
-        return bool(cfg.stop_cpu_s) and clock.cpu_s >= cfg.stop_cpu_s
-
-    # the best mean validation loss so far: its weights are also kept as best.safetensors (the
-    # last step is not always the best once the data has been seen many times)
-    best_vl = min((float(h["val_mean"]) for h in history if "val_mean" in h), default=math.inf)
-    loss_ema = None
-    while not finished() and not paused():
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg, clock.cpu_s)
-        pairs, styles = buckets.sample(cfg.batch_pairs)
-        idx, pos, role, tgt, w = encode_batch(tok, pairs, styles, cfg.upper_weight, cfg.device)
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=cfg.bf16):
-            logits = model(idx, pos, role)
-        loss = weighted_loss(logits, tgt, w)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if ema is not None:
-            ema.update()
-        step += 1
-        lv = loss.item()
+    t.model.train()
+    loss_ema: float | None = None
+    while not t.finished() and not t.paused():
+        lv = t.train_step()
         loss_ema = lv if loss_ema is None else 0.98 * loss_ema + 0.02 * lv
-        bar.update(int(clock.cpu_s) - bar.n if budget else 1)
-        bar.set_postfix(loss=f"{loss_ema:.3f}", lr=f"{lr_at(step, cfg, clock.cpu_s):.2e}", step=step)
-        at_end = finished() or paused()
-        if step % cfg.eval_every == 0 or at_end:
-            losses = {k: round(evaluate_loss(model, tok, v, cfg), 4) for k, v in vals.items()}
-            mean = round(sum(losses.values()) / len(losses), 4)
-            history.append({"step": step, "train_loss_ema": round(loss_ema, 4), **losses, "val_mean": mean,
-                            "cpu_s": round(clock.cpu_s, 1), "elapsed_s": round(time.perf_counter() - t0, 1)})
-            if ema is not None:
-                with ema.swapped_in():
-                    history[-1]["val_loss_weights_ema"] = round(evaluate_loss(model, tok, vals["val_loss"], cfg), 4)
-            bar.write(json.dumps(history[-1]))
-            if mean < best_vl:
-                best_vl = mean
-                save_weights(out / "best.safetensors", model, tok, version=version(),
-                             extra={**meta, "val_loss": f"{mean:.4f}"})
-        if step % cfg.ckpt_every == 0 or at_end:
-            checkpoint()
+        bar.update(int(t.clock.cpu_s) - bar.n if budget else 1)
+        bar.set_postfix(loss=f"{loss_ema:.3f}", lr=f"{lr_at(t.step, cfg, t.clock.cpu_s):.2e}", step=t.step)
+        at_end = t.finished() or t.paused()
+        if t.step % cfg.eval_every == 0 or at_end:
+            bar.write(json.dumps(t.evaluate(loss_ema)))
+        if t.step % cfg.ckpt_every == 0 or at_end:
+            t.checkpoint()
     bar.close()
-    summary: dict[str, object] = {
-        "status": "done" if finished() else "paused", "steps": step, "params": model.num_params(),
-        "vocab": len(tok), "train_pairs": len(train_pairs), "shares": buckets.shares,
-        "elapsed_s": round(time.perf_counter() - t0, 1), "cpu_s": round(clock.cpu_s, 1), "history": history,
-        "torch_threads": torch.get_num_threads(), "device": cfg.device,
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    summary = t.summary()
+    (t.out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return summary
