@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from chunlian.rules import ends_ping, no_shared_char, repeat_pattern_ok
+from chunlian.rules import ends_ping, last_han, no_shared_char, repeat_pattern_ok
 from chunlian.text import punct_positions, tone_class
 
 
@@ -78,7 +78,8 @@ def converted_couplet(
     lower line falls back to ``lower_s`` when the converted one breaks a rule."""
     upper = typed_upper if typed_upper is not None else traditional(upper_s, upper_keep)
     lower = traditional(lower_s, lower_keep)
-    ping = tone_class(upper_s[-1]) == "ze" and tone_class(lower_s[-1]) == "ping"
+    # the last Han characters: a typed final mark (text.FINAL_MARKS) may close both lines
+    ping = tone_class(last_han(upper_s)) == "ze" and tone_class(last_han(lower_s)) == "ping"
     if rules_hold(upper, lower, ping):
         return upper, lower
     if typed_upper is None and rules_hold(upper_s, lower_s, ping):

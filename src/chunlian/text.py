@@ -1,7 +1,8 @@
 """Text rules shared by the data pipeline, the decoder and the API.
 
 A couplet line is a string of Han characters, optionally split into clauses by Chinese
-punctuation. Everything here is pure Python and cheap: it runs on every request.
+punctuation; a typed 上联 may also close with one sentence-final mark. Everything here is
+pure Python and cheap: it runs on every request.
 """
 
 from __future__ import annotations
@@ -36,14 +37,23 @@ _LONG_FOLD = {"——": DASH, "—": DASH, "--": DASH, "－－": DASH, "──":
 _LONG_SPELLINGS = re.compile("|".join(re.escape(s) for s in sorted(_LONG_FOLD, key=len, reverse=True)))
 _LONG_FIRST = frozenset(s[0] for s in _LONG_FOLD)
 
+# Marks a 上联 may end with (after its last Han character), as people write 春回大地！. The
+# model learned lines that end with a Han character, so it reads the line without it
+# (``model_form``) and both answered lines get it back (``with_typed_marks``). Clause marks
+# such as "，" do not close a line and stay refused there.
+FINAL_MARKS = ("。", "！", "？", ELLIPSIS)
+# a line as units: each ——, …… one unit, every other character one
+_UNIT = re.compile(f"{DASH}|{ELLIPSIS}|.", re.DOTALL)
+
 
 _HAN_CLASS = "\u4e00-\u9fff\u3400-\u4dbf"  # the ranges of ``is_han``
-# A line that is already normal and passes every rule of ``validate_upper``: Han at both
-# ends, at most one punctuation mark (or one ——, ……) between Han characters. Checked first
-# because almost every request is such a line; anything else takes the rule-by-rule path,
-# which names the problem.
+# A line that is already normal and passes every rule of ``validate_upper``: Han first, at
+# most one punctuation mark (or one ——, ……) between Han characters, Han or one final mark
+# last. Checked first because almost every request is such a line; anything else takes the
+# rule-by-rule path, which names the problem.
 _VALID_LINE = re.compile(
     f"[{_HAN_CLASS}](?:(?:[{''.join(sorted(CLAUSE_PUNCT))}]|{DASH}|{ELLIPSIS})?[{_HAN_CLASS}])*"
+    f"(?:{'|'.join(FINAL_MARKS)})?"
 )
 
 
@@ -65,8 +75,15 @@ def normalize(text: str) -> str:
     return text.translate(_FOLD)
 
 
+def final_mark(line: str) -> str:
+    """The sentence-final mark that closes ``line`` (one of ``FINAL_MARKS``), or ''."""
+    return next((mark for mark in FINAL_MARKS if line.endswith(mark)), "")
+
+
 def model_form(line: str) -> str:
-    """``line`` as the model reads it: each ``——`` / ``……`` one clause mark ("，")."""
+    """``line`` as the model reads it: without its final mark, each ``——`` / ``……`` one
+    clause mark ("，")."""
+    line = line[: len(line) - len(final_mark(line))]
     for mark in LONG_MARKS:
         line = line.replace(mark, _MODEL_MARK)
     return line
@@ -74,22 +91,25 @@ def model_form(line: str) -> str:
 
 def with_typed_marks(model_line: str, typed_upper: str) -> str:
     """A generated line (``model_form``, as long as ``model_form(typed_upper)``) with the
-    ``——`` / ``……`` of the typed 上联 put back at the mirrored places."""
-    if not any(mark in typed_upper for mark in LONG_MARKS):
-        return model_line
-    if len(model_line) != len(model_form(typed_upper)):
+    ``——`` / ``……`` of the typed 上联 put back at the mirrored places and its final mark
+    at the end."""
+    end = final_mark(typed_upper)
+    body = typed_upper[: len(typed_upper) - len(end)]
+    if not any(mark in body for mark in LONG_MARKS):
+        return model_line + end
+    if len(model_line) != len(model_form(body)):
         raise ValueError(f"{model_line!r} does not mirror the 上联 {typed_upper!r}")
     out: list[str] = []
     i = 0
     for ch in model_line:
-        mark = typed_upper[i : i + 2]
+        mark = body[i : i + 2]
         if mark in LONG_MARKS:
             out.append(mark)
             i += 2
         else:
             out.append(ch)
             i += 1
-    return "".join(out)
+    return "".join(out) + end
 
 
 def punct_positions(line: str) -> tuple[tuple[int, str], ...]:
@@ -114,7 +134,7 @@ def _checked_line(raw: str, field: str) -> str:
     """``validate_upper`` rule by rule: the normalised line, or the first problem named.
 
     The length counts the line as typed (a ``——`` is two characters); the other rules see
-    each ``——`` / ``……`` as the one clause mark it is (``model_form``)."""
+    each ``——`` / ``……`` as the one mark it is."""
     line = normalize(raw)
     if not line:
         raise InvalidInput(f"{field} is empty", field)
@@ -122,21 +142,32 @@ def _checked_line(raw: str, field: str) -> str:
         raise InvalidInput(
             f"{field} is too long: {len(line)} characters, at most {MAX_LINE_CHARS}", field
         )
-    marks = model_form(line)
-    bad = [ch for ch in marks if not is_han(ch) and ch not in CLAUSE_PUNCT]
+    _check_marks(_UNIT.findall(line), field)
+    return line
+
+
+def _check_marks(units: list[str], field: str) -> None:
+    """The punctuation rules over a normalised line's units (``_UNIT``)."""
+    han = [len(u) == 1 and is_han(u) for u in units]
+    bad = [u for u, h in zip(units, han, strict=True)
+           if not h and u not in CLAUSE_PUNCT and u not in LONG_MARKS]
     if bad:
         shown = "".join(dict.fromkeys(bad))[:8]
         raise InvalidInput(
-            f"{field} must be Chinese characters (with ，、；：！？。 —— …… between clauses); "
-            f"found {shown!r}",
+            f"{field} must be Chinese characters (with ，、；：！？。 —— …… between clauses, "
+            f"and 。！？ …… at the end); found {shown!r}",
             field,
         )
-    if not is_han(marks[0]) or not is_han(marks[-1]):
-        raise InvalidInput(f"{field} must begin and end with a Chinese character", field)
-    for a, b in zip(marks, marks[1:], strict=False):
-        if not is_han(a) and not is_han(b):
-            raise InvalidInput(f"{field} has two punctuation marks in a row", field)
-    return line
+    if not han[0]:
+        raise InvalidInput(f"{field} must begin with a Chinese character", field)
+    if any(not a and not b for a, b in zip(han, han[1:], strict=False)):
+        raise InvalidInput(f"{field} has two punctuation marks in a row", field)
+    if not han[-1] and units[-1] not in FINAL_MARKS:
+        raise InvalidInput(
+            f"{field} must end with a Chinese character or one of 。！？ …… after it; "
+            f"found {units[-1]!r} at the end",
+            field,
+        )
 
 
 @lru_cache(maxsize=65536)

@@ -87,7 +87,7 @@ class CoupletIn(_Decoding):
     """Write the 下联 (and 横批) for a given 上联."""
 
     upper: str = Field(
-        ..., max_length=MAX_RAW_TEXT, description="The 上联: Chinese (simplified or traditional: the answer comes in the same script), at most 32 characters; clauses split by one of ，、；：！？。 —— …… (ASCII , ; : ! ? . -- ... too), which the 下联 mirrors.",
+        ..., max_length=MAX_RAW_TEXT, description="The 上联: Chinese (simplified or traditional: the answer comes in the same script), at most 32 characters; clauses split by one of ，、；：！？。 —— …… (ASCII , ; : ! ? . -- ... too) and the line closed by at most one of 。！？ ……, which the 下联 mirrors.",
         examples=["春回大地千山秀"],
     )
 

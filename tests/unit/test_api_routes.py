@@ -6,7 +6,10 @@ import asyncio
 
 import pytest
 
+from chunlian.engine.request import SeqOutput, model_request
+from chunlian.engine.rerank import build_result
 from chunlian.errors import DeadlineExceeded, EngineStopped, Overloaded
+from chunlian.types import CoupletRequest, CoupletResult
 from tests.unit.api_fakes import FakeEngine, running_app
 
 
@@ -106,6 +109,35 @@ async def test_typed_punctuation_is_folded_and_shares_the_cache_entry() -> None:
         assert len(h.engine.calls) == 3
 
 
+class ModelFormEngine(FakeEngine):
+    """The fake answers the line as the model reads it (``model_request``), and the answer
+    goes back to what was typed the way the real engine's does (``rerank.build_result``)."""
+
+    async def generate(self, req: CoupletRequest) -> CoupletResult:
+        res = await super().generate(model_request(req))
+        outs = [SeqOutput(i, c.upper, c.lower, 0.0) for i, c in enumerate(res.candidates or (res.best,))]
+        return build_result(req, outs, None, self.model_tag)
+
+
+async def test_a_closing_mark_is_mirrored_and_cached_apart_from_the_bare_line() -> None:
+    async with running_app(ModelFormEngine()) as h:
+        r = await h.client.post("/v1/couplets", json={"upper": "春回大地!"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["upper"] == "春回大地！" and body["lower"].endswith("！") and len(body["lower"]) == 5
+        assert h.engine.calls[-1].upper == "春回大地"  # the model never sees the mark
+        bare = (await h.client.post("/v1/couplets", json={"upper": "春回大地"})).json()
+        assert bare["cached"] is False and bare["lower"] == body["lower"][:-1]
+        again = (await h.client.post("/v1/couplets", json={"upper": "春回大地！"})).json()
+        assert again["cached"] is True and again["lower"] == body["lower"]
+        r = await h.client.post("/v1/couplets", json={"upper": "春回大地...", "n": 2, "seed": 5})
+        assert r.status_code == 200 and all(c["lower"].endswith("……") for c in r.json()["candidates"])
+        bad = assert_error(await h.client.post("/v1/couplets", json={"upper": "春回大地，"}),
+                           422, "invalid_input", "upper")
+        assert "end with a Chinese character or one of 。！？ ……" in bad["message"]
+        assert len(h.engine.calls) == 3
+
+
 BAD_COUPLETS = [
     ({"upper": ""}, "upper"),
     ({"upper": "   "}, "upper"),
@@ -118,7 +150,10 @@ BAD_COUPLETS = [
     ({"upper": "春回\x00大地"}, "upper"),
     ({"upper": "——"}, "upper"),
     ({"upper": "--春回大地"}, "upper"),
-    ({"upper": "春回大地..."}, "upper"),
+    ({"upper": "春回大地，"}, "upper"),
+    ({"upper": "春回大地--"}, "upper"),
+    ({"upper": "春回大地!!"}, "upper"),
+    ({"upper": "!春回大地"}, "upper"),
     ({"upper": "春回——，大地"}, "upper"),
     ({"upper": "春回----大地"}, "upper"),
     ({"upper": "春回-大地"}, "upper"),

@@ -68,6 +68,20 @@ async def test_a_typed_dash_reaches_the_runner_as_one_mark_and_comes_back(
     assert (res.best.upper, res.best.lower) == ("春回——大地", "乙乙——乙乙")
 
 
+async def test_a_closed_line_reaches_the_runner_bare_and_is_not_coalesced_with_the_bare_one(
+    engine: tuple[Engine, FakeRunner],
+) -> None:
+    eng, runner = engine
+    runner.gate = threading.Event()
+    tasks = [asyncio.create_task(eng.generate(CoupletRequest(upper=u))) for u in ("春回大地！", "春回大地")]
+    await until(lambda: eng.scheduler.queue_depth + eng.scheduler.live_seqs == 2)
+    runner.gate.set()
+    closed, bare = await asyncio.gather(*tasks)
+    assert eng.stats.coalesced == 0 and len(runner.prefilled) == 2
+    assert (closed.best.upper, closed.best.lower) == ("春回大地！", "乙乙乙乙！")
+    assert (bare.best.upper, bare.best.lower) == ("春回大地", "乙乙乙乙")
+
+
 async def test_the_runner_is_bound_to_the_engine_thread(engine: tuple[Engine, FakeRunner]) -> None:
     eng, runner = engine
     await eng.generate(CoupletRequest(upper="春回大地"))

@@ -1,6 +1,7 @@
 """The 上联 rules of ``chunlian.text``: the one-regex fast path agrees with the rules; the
-typed punctuation folds to its full-width form, and the dash and the ellipsis (two
-characters each) reach the model as one clause mark and come back in the answer."""
+typed punctuation folds to its full-width form, the dash and the ellipsis (two characters
+each) reach the model as one clause mark, a closing 。！？…… does not reach it, and both
+come back in the answer."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from hypothesis import strategies as st
 from chunlian.errors import InvalidInput
 from chunlian.text import (
     _VALID_LINE,
+    FINAL_MARKS,
     LONG_MARKS,
     MAX_LINE_CHARS,
     _checked_line,
+    final_mark,
     model_form,
     normalize,
     validate_upper,
@@ -54,10 +57,14 @@ def test_normalize_is_idempotent(raw: str) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "problem"),
-    [("", "empty"), ("，春", "begin and end"), ("春，，风", "two punctuation"),
+    [("", "empty"), ("，春", "begin with"), ("春，，风", "two punctuation"),
      ("春a", "must be Chinese"), ("春" * (MAX_LINE_CHARS + 1), "too long"),
-     ("——", "begin and end"), ("--", "begin and end"), ("...", "begin and end"),
-     ("--春风", "begin and end"), ("春风……", "begin and end"), ("春风.", "begin and end"),
+     ("——", "begin with"), ("--", "begin with"), ("...", "begin with"), ("。", "begin with"),
+     ("!春风", "begin with"), ("--春风", "begin with"), ("……春风", "begin with"),
+     ("春风，", "end with a Chinese character or one of 。！？ ……"), ("春风、", "found '、' at the end"),
+     ("春风;", "found '；' at the end"), ("春风:", "found '：' at the end"),
+     ("春风--", "found '——' at the end"), ("春风。。", "two punctuation"), ("春风!?", "two punctuation"),
+     ("春风，。", "two punctuation"), ("春风……。", "two punctuation"), ("春风.....", "two punctuation"),
      ("春——，风", "two punctuation"), ("春----风", "two punctuation"), ("春——……风", "two punctuation"),
      ("春。。。风", "two punctuation"), ("春-风", "found '-'"), ("春－风", "found '－'"),
      ("春" * 16 + "--" + "风" * 15, "too long: 33 characters")],
@@ -65,6 +72,20 @@ def test_normalize_is_idempotent(raw: str) -> None:
 def test_bad_lines_are_named(raw: str, problem: str) -> None:
     with pytest.raises(InvalidInput, match=problem):
         validate_upper(raw)
+
+
+@pytest.mark.parametrize(
+    ("typed", "line"),
+    [("春回大地!", "春回大地！"), ("春回大地！", "春回大地！"), ("天增岁月人增寿。", "天增岁月人增寿。"),
+     ("天增岁月人增寿.", "天增岁月人增寿。"), ("何处不飞花？", "何处不飞花？"), ("何处不飞花?", "何处不飞花？"),
+     ("山药出格九万斤……", "山药出格九万斤……"), ("山药出格九万斤...", "山药出格九万斤……"),
+     ("山药出格九万斤…", "山药出格九万斤……"), ("春风——得意, 马蹄疾 !", "春风——得意，马蹄疾！"),
+     ("爆竹聲聲辭舊歲！", "爆竹聲聲辭舊歲！")],
+)
+def test_a_line_may_close_with_one_final_mark(typed: str, line: str) -> None:
+    assert validate_upper(typed) == line
+    assert final_mark(line) in FINAL_MARKS and line.endswith(final_mark(line))
+    assert _VALID_LINE.fullmatch(line)  # the fast path takes the normal form
 
 
 def test_normalisation_still_applies() -> None:
@@ -95,12 +116,26 @@ def test_model_form_reads_each_long_mark_as_one_clause_mark() -> None:
     assert model_form("春风，得意") == "春风，得意"
 
 
+def test_model_form_drops_the_final_mark() -> None:
+    assert FINAL_MARKS == ("。", "！", "？", "……")
+    assert model_form("春回大地！") == "春回大地" and model_form("何处不飞花？") == "何处不飞花"
+    assert model_form("天增岁月人增寿。") == "天增岁月人增寿"
+    assert model_form("山药出格九万斤……") == "山药出格九万斤"
+    assert model_form("春风——得意，马蹄疾……") == "春风，得意，马蹄疾"
+    assert model_form("春风。得意！") == "春风。得意"  # only the last mark closes the line
+    assert final_mark("春回大地") == "" and final_mark("春回大地？") == "？"
+
+
 @pytest.mark.parametrize(
     ("typed_upper", "model_lower", "want"),
     [("山药出格九万斤——真大", "芋头入锅三千块，好香", "芋头入锅三千块——好香"),
      ("春……风，得意——马", "秋，雨，失时，牛", "秋……雨，失时——牛"),
      ("春——风……雨", "夏，日，晴", "夏——日……晴"),
-     ("春风，得意", "秋雨，失时", "秋雨，失时")],
+     ("春风，得意", "秋雨，失时", "秋雨，失时"),
+     ("春回大地！", "福满人间", "福满人间！"),
+     ("天增岁月……人增寿。", "春满乾坤，福满门", "春满乾坤……福满门。"),
+     ("春——风……", "夏，日", "夏——日……"),
+     ("山药出格九万斤……", "芋头入锅三千块", "芋头入锅三千块……")],
 )
 def test_with_typed_marks_mirrors_the_long_marks(typed_upper: str, model_lower: str, want: str) -> None:
     assert len(model_lower) == len(model_form(typed_upper))
@@ -120,3 +155,9 @@ def test_the_length_limit_counts_the_typed_marks() -> None:
     assert len(line) == MAX_LINE_CHARS and validate_upper(line) == line
     assert validate_upper("春" * 15 + "..." + "风" * 15) == "春" * 15 + "……" + "风" * 15  # 33 typed, 32 after folding
     assert validate_upper("山药出格九万斤--真大") == "山药出格九万斤——真大"
+    assert validate_upper("春" * 31 + "!") == "春" * 31 + "！"  # 32 with the final mark
+    assert validate_upper("春" * 30 + "...") == "春" * 30 + "……"
+    with pytest.raises(InvalidInput, match="too long: 33 characters"):
+        validate_upper("春" * 31 + "...")
+    with pytest.raises(InvalidInput, match="too long: 33 characters"):
+        validate_upper("春" * 32 + "。")

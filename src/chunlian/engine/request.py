@@ -101,9 +101,9 @@ def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
 
 def model_request(req: CoupletRequest) -> CoupletRequest:
     """``req`` with its text as the model reads it (itself when it is already): simplified
-    characters (``chunlian.script``: the model's vocabulary) and each ``——`` / ``……`` of
-    the 上联 one clause mark (``text.model_form``). ``rerank.build_result`` turns the
-    generated lines back into what was typed."""
+    characters (``chunlian.script``: the model's vocabulary), the 上联 without its final
+    mark and each of its ``——`` / ``……`` one clause mark (``text.model_form``).
+    ``rerank.build_result`` turns the generated lines back into what was typed."""
     upper = req.upper and model_form(req.upper)
     if upper == req.upper and not any(is_traditional(t) for t in (req.upper, req.heads, req.keyword)):
         return req

@@ -70,7 +70,7 @@ def build_result(
     for score, o in scored:
         hp = hengpi.choose(o.upper, o.lower, req.style, req.params.seed) if hengpi else ""
         upper, lower = o.upper, o.lower
-        if typed is not None:  # the typed —— / …… back in both lines (text.model_form)
+        if typed is not None:  # the typed ——, …… and final mark back (text.model_form)
             upper, lower = with_typed_marks(upper, typed), with_typed_marks(lower, typed)
         if back is not None:
             upper, lower = back(upper, lower)

@@ -153,7 +153,8 @@
         const m = message.match(/at least\s*(\d+)/i);
         return `${what}太短了${m ? `，至少 ${m[1]} 个字` : ""}。`;
       }
-      if (/begin|start|end with/.test(text)) return `${what}要以汉字开头、以汉字结尾。`;
+      if (/begin|start/.test(text)) return `${what}要以汉字开头。`;
+      if (/end with/.test(text)) return `${what}要以汉字结尾，或在最后一个字后加一个。！？或……。`;
       if (/punctuation|in a row/.test(text)) return `${what}里不能连着用两个标点。`;
       if (/chinese|han\b|hanzi|cjk|ideograph|not_chinese/.test(text)) {
         const found = message.match(/found\s+['"](.+?)['"]\s*$/);
