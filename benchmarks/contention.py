@@ -34,6 +34,7 @@ from typing import Any
 
 from chunlian.bench.engine import http_requests
 from chunlian.config import load_settings
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.engine import Engine, StepReport
 from chunlian.engine.runner import ModelRunner, single_threaded_here
 from chunlian.model.checkpoint import LoadedModel, load_weights
@@ -46,8 +47,8 @@ BURNER = ("import time\nwhile True:\n    t = time.perf_counter()\n"
 
 async def _run(loaded: LoadedModel, hengpi: HengpiSelector, reqs: list[CoupletRequest],
                rows: int, threads: int) -> dict[str, float]:
-    s = load_settings(max_batch_size=rows, max_wait_ms=0, max_queue_size=len(reqs) + 1,
-                      default_timeout_ms=600_000)
+    s = EngineConfig.from_settings(load_settings(max_batch_size=rows, max_wait_ms=0,
+                                                 max_queue_size=len(reqs) + 1, default_timeout_ms=600_000))
     eng = Engine(s, ModelRunner(loaded, capacity=rows, threads=threads), hengpi, loaded.tag)
     steps: list[StepReport] = []
     eng.add_step_listener(steps.append)

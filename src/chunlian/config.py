@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
 from chunlian.errors import ConfigError
-from chunlian.omp import SpinPolicy
+from chunlian.omp import SpinPolicy, usable_cores
 
 if TYPE_CHECKING:
     from chunlian.data.blocklist import Blocklist
@@ -274,14 +274,6 @@ class Settings(BaseSettings):
         from chunlian.model.device import resolve_device
 
         return resolve_device(self.device)
-
-
-def usable_cores() -> int:
-    """CPUs this process may run on (its affinity mask; ``os.cpu_count`` where unknown)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -19,6 +19,8 @@ picks (``Settings.omp_spin``, ``auto`` by default):
   (they share the cores with other model-running processes).
 
 A ``GOMP_SPINCOUNT`` already in the environment is always left as it is.
+
+``usable_cores`` gives the CPUs this process may run on, which thread counts are sized to.
 """
 
 from __future__ import annotations
@@ -39,3 +41,11 @@ def set_spin_wait(policy: SpinPolicy, shared: bool) -> bool:
     if policy == "bounded" or (policy == "auto" and shared):
         os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
     return "torch" not in sys.modules
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask; ``os.cpu_count`` where unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

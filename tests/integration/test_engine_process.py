@@ -13,6 +13,7 @@ import pytest
 from chunlian import errors as E
 from chunlian.config import load_settings
 from chunlian.data.samples import sample_uppers
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.process import ProcessEngine, decode_error, encode_error
 from chunlian.types import CoupletRequest
 
@@ -29,7 +30,7 @@ def test_errors_cross_the_pipe_with_their_fields() -> None:
 
 
 async def test_a_child_process_serves_and_every_path_completes() -> None:
-    engine = ProcessEngine(load_settings(max_batch_size=8, max_queue_size=4, warmup=""))
+    engine = ProcessEngine(EngineConfig.from_settings(load_settings(max_batch_size=8, max_queue_size=4, warmup="")))
     await engine.start()
     try:
         assert engine.running and engine.model_tag.startswith("chunlian-couplet@")
@@ -60,7 +61,7 @@ async def test_a_child_process_serves_and_every_path_completes() -> None:
 
 
 async def test_a_dead_child_fails_every_pending_request() -> None:
-    engine = ProcessEngine(load_settings(max_batch_size=4, warmup=""))
+    engine = ProcessEngine(EngineConfig.from_settings(load_settings(max_batch_size=4, warmup="")))
     await engine.start()
     try:
         # 120 distinct lines through 4 slots: the child is still busy for a long while after
@@ -90,12 +91,12 @@ async def test_replicas_serve_in_their_own_processes_and_a_dead_one_is_replaced(
     from chunlian.engine.replicas import ReplicatedEngine
 
     settings = load_settings(max_batch_size=8, max_queue_size=256, engine_replicas=2, warmup="")
-    engine = ReplicatedEngine.from_settings(settings)
-    single = ProcessEngine(load_settings(max_batch_size=8, warmup="", engine_replicas=1))
+    engine = ReplicatedEngine.from_config(EngineConfig.from_settings(settings))
+    single = ProcessEngine(EngineConfig.from_settings(load_settings(max_batch_size=8, warmup="", engine_replicas=1)))
     await asyncio.gather(engine.start(), single.start())
     try:
         assert engine.running and len(engine.replicas) == 2
-        assert [r.settings.max_batch_size for r in engine.replicas] == [4, 4]  # type: ignore[attr-defined]
+        assert [r.config.max_batch_size for r in engine.replicas] == [4, 4]  # type: ignore[attr-defined]
         lines = sample_uppers()[:16]
         outs = await asyncio.gather(*(engine.generate(CoupletRequest(upper=u)) for u in lines))
         ref = await asyncio.gather(*(single.generate(CoupletRequest(upper=u)) for u in lines))

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from chunlian.config import load_settings
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.engine import Engine
 from tests.integration.live_server import LiveServer, model_path
 from tests.reliability.harness.services import Hold
@@ -36,7 +37,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer,
         model_path=model_path(tmp_path_factory.mktemp("model")), device="cpu",
         max_batch_size=1, max_queue_size=2, warmup=(), torch_threads=1,
     )
-    engine = Engine.from_settings(settings)
+    engine = Engine.from_config(EngineConfig.from_settings(settings))
     hold = Hold()
     engine.add_step_listener(hold)
     server = LiveServer(settings, engine).start()

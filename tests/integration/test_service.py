@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from chunlian.config import load_settings
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.engine import Engine
 from chunlian.text import is_han
 from tests.integration.live_server import LiveServer, free_socket, model_path
@@ -54,7 +55,7 @@ def live(weights: Path) -> Iterator[tuple[LiveServer, dict[str, httpx.Response]]
         body_limit_bytes=8192, warmup=("新春", "春回大地千山秀"), torch_threads=1,
     )
     GatedEngine.gate.clear()
-    server = LiveServer(settings, GatedEngine.from_settings(settings)).start()
+    server = LiveServer(settings, GatedEngine.from_config(EngineConfig.from_settings(settings))).start()
     try:
         before: dict[str, httpx.Response] = {}
         with httpx.Client(base_url=server.base_url, timeout=10) as c:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from chunlian.config import load_settings
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.engine import Engine
 from chunlian.engine.rates import RateWindow
 from chunlian.errors import Cancelled, DeadlineExceeded, EngineStopped, ModelError, Overloaded
@@ -29,9 +29,9 @@ class BadHengpi:
 
 
 def make(**kw: object) -> tuple[Engine, FakeRunner]:
-    settings = load_settings(**{"max_batch_size": 4, "max_wait_ms": 0, "max_queue_size": 8, **kw})
-    runner = FakeRunner(capacity=settings.max_batch_size)
-    return Engine(settings, runner, BadHengpi(), "fake@1"), runner
+    config = EngineConfig(**{"max_batch_size": 4, "max_wait_ms": 0, "max_queue_size": 8, **kw})
+    runner = FakeRunner(capacity=config.max_batch_size)
+    return Engine(config, runner, BadHengpi(), "fake@1"), runner
 
 
 @pytest.fixture
@@ -86,10 +86,10 @@ async def test_the_runner_is_bound_to_the_engine_thread(engine: tuple[Engine, Fa
     eng, runner = engine
     await eng.generate(CoupletRequest(upper="春回大地"))
     assert runner.bound_thread == "chunlian-engine"
-    # the engine thread runs nicer than the event loop's (settings.engine_nice, default 5)
+    # the engine thread runs nicer than the event loop's (config.engine_nice, default 5)
     here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    assert runner.bound_nice == min(19, here + eng.settings.engine_nice)
-    assert eng.settings.engine_nice == 5
+    assert runner.bound_nice == min(19, here + eng.config.engine_nice)
+    assert eng.config.engine_nice == 5
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here  # this thread untouched
 
 

@@ -10,8 +10,9 @@ import pytest
 
 from chunlian import errors as E
 from chunlian.config import load_settings
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.engine import EngineStats, StepReport
-from chunlian.engine.replicas import ReplicatedEngine, replica_settings, share
+from chunlian.engine.replicas import ReplicatedEngine, replica_config, share
 from chunlian.errors import ConfigError
 from chunlian.types import Couplet, CoupletRequest, CoupletResult, DecodeParams
 
@@ -65,8 +66,8 @@ class FakeReplica:
 
 def _engine(n: int, **over: object) -> tuple[ReplicatedEngine, list[FakeReplica]]:
     fakes = [FakeReplica(f"r{i}") for i in range(n)]
-    settings = load_settings(warmup="", max_batch_size=8, **over)  # type: ignore[arg-type]
-    return ReplicatedEngine(settings, fakes), fakes
+    config = EngineConfig(max_batch_size=8, **over)
+    return ReplicatedEngine(config, fakes), fakes
 
 
 async def _settle() -> None:
@@ -171,7 +172,7 @@ async def test_cancelled_callers_free_their_rows() -> None:
 
 async def test_a_failed_start_stops_every_replica() -> None:
     fakes = [FakeReplica("a"), FakeReplica("b", fail_start=True)]
-    eng = ReplicatedEngine(load_settings(warmup="", max_batch_size=8), fakes)
+    eng = ReplicatedEngine(EngineConfig(max_batch_size=8), fakes)
     with pytest.raises(E.ModelError, match="b cannot load"):
         await eng.start()
     assert all(f.stopped and not f.running for f in fakes)
@@ -191,17 +192,18 @@ async def test_stats_are_summed_and_listeners_reach_every_replica() -> None:
     assert len(seen) == 3
     assert eng.model_tag == "fake@r0"
     with pytest.raises(ValueError):
-        ReplicatedEngine(load_settings(warmup=""), [])
+        ReplicatedEngine(EngineConfig(), [])
 
 
 def test_replicas_share_the_batch_the_queue_and_the_cores() -> None:
     assert [share(5, 2, i) for i in range(2)] == [3, 2]
     assert sum(share(128, 3, i) for i in range(3)) == 128
     s = load_settings(warmup="", max_batch_size=5, max_queue_size=9, engine_replicas=2, torch_threads=0)
-    parts = [replica_settings(s, 2, i) for i in range(2)]
+    parts = [replica_config(EngineConfig.from_settings(s), i) for i in range(2)]
     assert [p.max_batch_size for p in parts] == [3, 2] and [p.max_queue_size for p in parts] == [5, 4]
-    assert all(p.engine_replicas == 1 and p.torch_threads >= 1 for p in parts)
-    assert replica_settings(load_settings(warmup="", torch_threads=3), 2, 0).torch_threads == 3
+    assert all(p.replicas == 1 and p.torch_threads >= 1 for p in parts)
+    three = EngineConfig.from_settings(load_settings(warmup="", torch_threads=3, engine_replicas=2))
+    assert replica_config(three, 0).torch_threads == 3
 
 
 def test_replica_count_is_validated_and_resolved() -> None:
@@ -245,7 +247,7 @@ async def test_a_stopped_replica_is_replaced_and_its_counters_kept(monkeypatch: 
         made.append(f)
         return f
 
-    eng = ReplicatedEngine(load_settings(warmup="", max_batch_size=8), [factory(0), factory(1)], factory)
+    eng = ReplicatedEngine(EngineConfig(max_batch_size=8), [factory(0), factory(1)], factory)
     seen: list[StepReport] = []
     eng.add_step_listener(seen.append)
     await eng.start()

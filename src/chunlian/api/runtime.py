@@ -29,13 +29,16 @@ log = logging.getLogger("chunlian.api")
 
 
 def _build_engine(settings: Settings) -> EngineLike:
-    if settings.resolved_engine_replicas() > 1:  # the models load in the children, at start()
+    from chunlian.engine.config import EngineConfig
+
+    config = EngineConfig.from_settings(settings)
+    if config.in_child:  # the models load in the children, at start()
         from chunlian.engine.replicas import ReplicatedEngine
 
-        return ReplicatedEngine.from_settings(settings)
+        return ReplicatedEngine.from_config(config)
     from chunlian.engine.engine import Engine
 
-    return Engine.from_settings(settings)
+    return Engine.from_config(config)
 
 
 class Runtime:

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chunlian.bench.common import percentile
+from chunlian.bench.engine_report import MODES, rates, replica_rates
 from chunlian.config import load_settings
 from chunlian.data.samples import sample_uppers
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.engine import Engine
 from chunlian.engine.runner import ModelRunner
 from chunlian.model.checkpoint import LoadedModel, load_weights
@@ -78,12 +81,13 @@ def steady_rate(latencies_s: list[float], lo: float = 0.1, hi: float = 0.9) -> f
 async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], batch: int, mode: str,
                  hengpi: Any, threads: int = 0) -> dict[str, float]:
     batching = "static" if mode == "static_retire" else mode
-    settings = load_settings(max_batch_size=batch, batching=batching, max_wait_ms=0,
-                             max_queue_size=max(len(uppers), 1), default_timeout_ms=600_000)
+    config = EngineConfig.from_settings(load_settings(
+        max_batch_size=batch, batching=batching, max_wait_ms=0, max_queue_size=max(len(uppers), 1),
+        default_timeout_ms=600_000))
     # the service's bans on generated text (safety and zodiac terms), as the engine it
     # stands for applies them
-    runner = ModelRunner(loaded, capacity=batch, threads=threads, blocklist=settings.generation_blocklist())
-    engine = Engine(settings, runner, hengpi, loaded.tag)
+    runner = ModelRunner(loaded, capacity=batch, threads=threads, blocklist=config.blocklist)
+    engine = Engine(config, runner, hengpi, loaded.tag)
     if mode == "static_retire":
         runner.padded_batches = False  # static admission, rows retired at once
     await engine.start()
@@ -109,6 +113,27 @@ async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], 
     }
 
 
+@dataclass(frozen=True)
+class _Bench:
+    """One loaded model, driven through a fresh engine per run (``_drive``)."""
+
+    loaded: LoadedModel
+    hengpi: Any
+    threads: int
+
+    def drive(self, lines: list[str], batch: int, mode: str) -> dict[str, float]:
+        return asyncio.run(_drive(self.loaded, lines, batch, mode, self.hengpi, self.threads))
+
+
+@dataclass
+class _Runs:
+    """Every measured run of ``run``, by mode."""
+
+    sequential: list[dict[str, float]] = field(default_factory=list)
+    modes: dict[str, list[dict[str, float]]] = field(default_factory=lambda: {m: [] for m in MODES})
+    replicas: list[dict[str, Any]] = field(default_factory=list)
+
+
 def run(
     model_path: Path | None = None, max_batch_size: int = 128, requests: int = 400,
     sequential_requests: int = 100, threads: int = 2, sweep: list[int] | None = None,
@@ -131,88 +156,73 @@ def run(
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     single_threaded_here()  # the engine threads get ``threads`` (ModelRunner.bind_thread)
     loaded = load_weights(model_path, device)
-    hengpi = HengpiSelector.from_loaded(loaded)
+    bench = _Bench(loaded, HengpiSelector.from_loaded(loaded), threads)
     mix = mixed_lines(requests)
     # the sequential run is slow, so it takes a sample - with the mix's length distribution
     # (the mix's first lines are its short ones: taking those flattered sequential)
     seq_mix = length_sample(mix, sequential_requests)
+    bench.drive(mix[:16], min(16, max_batch_size), "continuous")  # warm-up
+    peak_path = str(model_path) if model_path else None
+    runs = _rounds(bench, mix, seq_mix, max_batch_size, rounds, replicas, peak_path)
+    means = _means(runs, len(seq_mix))
+    report: dict[str, Any] = {
+        "model": loaded.tag, "requests": len(mix), "sequential_requests": len(seq_mix),
+        "mean_chars": _mean_chars(mix), "sequential_mean_chars": _mean_chars(seq_mix),
+        "max_batch_size": max_batch_size, "torch_threads": threads, "rounds": rounds,
+        **rates(runs.modes, means),
+    }
+    if runs.replicas:
+        report.update(replica_rates(runs.replicas, replicas, means))
+    if sweep:
+        report["sweep"] = _sweep(bench, sweep, mix, seq_mix)
+    return report
 
-    warm = min(16, max_batch_size)
-    asyncio.run(_drive(loaded, mix[:16], warm, "continuous", hengpi, threads))  # warm-up
-    # sequential: its sample cut into strata of the same length mix, one run before each
-    # batched run and one after the last, so that drift of the host's speed (seen here:
-    # 30% within a minute) falls on every mode alike
-    modes = ("static", "static_retire", "continuous")
-    replica_runs: list[dict[str, Any]] = []
-    k = rounds * (len(modes) + (replicas > 1)) + 1
+
+def _rounds(bench: _Bench, mix: list[str], seq_mix: list[str], max_batch_size: int, rounds: int,
+            replicas: int, model_path: str | None) -> _Runs:
+    """The batched modes ``rounds`` times, alternating their order. Sequential: its sample
+    cut into strata of the same length mix, one run before each batched run and one after
+    the last, so that drift of the host's speed (seen here: 30% within a minute) falls on
+    every mode alike. The replicas' peak comes after the other modes in every round."""
+    runs = _Runs()
+    k = rounds * (len(MODES) + (replicas > 1)) + 1
     slices = [h for h in (seq_mix[i::k] for i in range(k)) if h]
 
     def sequential_slice() -> None:
         if slices:
-            seq_runs.append(asyncio.run(_drive(loaded, slices.pop(0), 1, "continuous", hengpi, threads)))
+            runs.sequential.append(bench.drive(slices.pop(0), 1, "continuous"))
 
-    seq_runs: list[dict[str, float]] = []
     sequential_slice()
-    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for i in range(rounds):
-        for mode in modes if i % 2 == 0 else modes[::-1]:
-            runs[mode].append(asyncio.run(_drive(loaded, mix, max_batch_size, mode, hengpi, threads)))
+        for mode in MODES if i % 2 == 0 else MODES[::-1]:
+            runs.modes[mode].append(bench.drive(mix, max_batch_size, mode))
             sequential_slice()
         if replicas > 1:
-            replica_runs.append(replicated_peak(str(model_path) if model_path else None, max_batch_size,
-                                                len(mix), replicas, max(1, threads // replicas),
-                                                "mixed"))
+            runs.replicas.append(replicated_peak(model_path, max_batch_size, len(mix), replicas,
+                                                 max(1, bench.threads // replicas), "mixed"))
             sequential_slice()
     while slices:
         sequential_slice()
-    seq = _mean_run(seq_runs)
-    seq["seq_per_s"] = len(seq_mix) / sum(r["wall_s"] for r in seq_runs)
-    static, cont = _mean_run(runs["static"]), _mean_run(runs["continuous"])
-    retire = _mean_run(runs["static_retire"])
-    report: dict[str, Any] = {
-        "model": loaded.tag,
-        "requests": len(mix),
-        "sequential_requests": len(seq_mix),
-        "mean_chars": _mean_chars(mix),
-        "sequential_mean_chars": _mean_chars(seq_mix),
-        "max_batch_size": max_batch_size,
-        "torch_threads": threads,
-        "rounds": rounds,
-        "sequential_seq_per_s": round(seq["seq_per_s"], 1),
-        "static_seq_per_s": round(static["seq_per_s"], 1),
-        "continuous_seq_per_s": round(cont["seq_per_s"], 1),
-        "ratio_continuous_vs_sequential": round(cont["seq_per_s"] / seq["seq_per_s"], 2),
-        "ratio_continuous_vs_static": round(cont["seq_per_s"] / static["seq_per_s"], 2),
-        "static_retire_seq_per_s": round(retire["seq_per_s"], 1),
-        "ratio_continuous_vs_static_retire": round(cont["seq_per_s"] / retire["seq_per_s"], 2),
-        "p50_ms": round(cont["p50_ms"], 1),
-        "p99_ms": round(cont["p99_ms"], 1),
-        "sequential_p50_ms": round(seq["p50_ms"], 1),
-        "static_p99_ms": round(static["p99_ms"], 1),
-        "continuous_mean_tokens_per_step": round(cont["mean_batch"], 1),
-        **{f"{m}_seq_per_s_by_round": [round(x["seq_per_s"], 1) for x in runs[m]] for m in modes},
-    }
-    if replica_runs:
-        rep_rate = sum(r["seq_per_s"] for r in replica_runs) / len(replica_runs)
-        report.update({
-            "replicas": replicas,
-            "continuous_replicas_seq_per_s": round(rep_rate, 1),
-            "continuous_replicas_steady_seq_per_s": round(
-                sum(r["steady_seq_per_s"] for r in replica_runs) / len(replica_runs), 1),
-            "ratio_continuous_replicas_vs_sequential": round(rep_rate / seq["seq_per_s"], 2),
-            "ratio_continuous_replicas_vs_continuous": round(rep_rate / cont["seq_per_s"], 2),
-            "continuous_replicas_seq_per_s_by_round": [r["seq_per_s"] for r in replica_runs],
-        })
-    if sweep:
-        table = []
-        for b in sweep:
-            lines = seq_mix if b == 1 else mix
-            point = asyncio.run(_drive(loaded, lines, b, "continuous", hengpi, threads))
-            table.append({"max_batch_size": b, "seq_per_s": round(point["seq_per_s"], 1),
-                          "p50_ms": round(point["p50_ms"], 1), "p99_ms": round(point["p99_ms"], 1),
-                          "requests": len(lines)})
-        report["sweep"] = table
-    return report
+    return runs
+
+
+def _means(runs: _Runs, sequential_requests: int) -> dict[str, dict[str, float]]:
+    """Each mode's mean run; sequential's rate is over its whole sample."""
+    seq = _mean_run(runs.sequential)
+    seq["seq_per_s"] = sequential_requests / sum(r["wall_s"] for r in runs.sequential)
+    return {"sequential": seq, **{m: _mean_run(runs.modes[m]) for m in MODES}}
+
+
+def _sweep(bench: _Bench, sweep: list[int], mix: list[str], seq_mix: list[str]) -> list[dict[str, Any]]:
+    """Continuous batching at each of ``sweep``'s batch sizes (1: on the sequential sample)."""
+    table = []
+    for b in sweep:
+        lines = seq_mix if b == 1 else mix
+        point = bench.drive(lines, b, "continuous")
+        table.append({"max_batch_size": b, "seq_per_s": round(point["seq_per_s"], 1),
+                      "p50_ms": round(point["p50_ms"], 1), "p99_ms": round(point["p99_ms"], 1),
+                      "requests": len(lines)})
+    return table
 
 
 def http_requests(count: int, seeded_share: float = 0.0) -> list[CoupletRequest]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from chunlian.config import Settings
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.outbox import Outbox
 from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import SeqOutput, SeqSpec, expand
@@ -78,22 +78,22 @@ class Engine:
     """Continuous (or static) batching over a slot KV cache; see the module docstring."""
 
     def __init__(
-        self, settings: Settings, runner: Runner, hengpi: HengpiChooser | None = None,
+        self, config: EngineConfig, runner: Runner, hengpi: HengpiChooser | None = None,
         model_tag: str = "chunlian-couplet@dev",
     ) -> None:
-        if settings.max_batch_size > runner.capacity:
-            raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {settings.max_batch_size}")
-        self.settings = settings
+        if config.max_batch_size > runner.capacity:
+            raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {config.max_batch_size}")
+        self.config = config
         self.runner = runner
-        runner.padded_batches = settings.batching == "static"
+        runner.padded_batches = config.batching == "static"
         self.hengpi = hengpi
         self.model_tag = model_tag
         self.scheduler = Scheduler(SchedulerConfig(
-            max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-            max_queue_size=settings.max_queue_size, batching=settings.batching,
-            bulk_min_share=settings.bulk_min_share, min_prefill_seqs=settings.min_prefill_seqs,
+            max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
+            max_queue_size=config.max_queue_size, batching=config.batching,
+            bulk_min_share=config.bulk_min_share, min_prefill_seqs=config.min_prefill_seqs,
         ))
-        self.stats = EngineStats(max_queue_size=settings.max_queue_size)
+        self.stats = EngineStats(max_queue_size=config.max_queue_size)
         self._cv = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._pending: dict[int, _Pending] = {}  # req_id -> pending (engine-side registry)
@@ -113,8 +113,8 @@ class Engine:
         self._failure: BaseException | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Engine:
-        """Load the model named by ``settings`` and build an engine around it."""
+    def from_config(cls, config: EngineConfig) -> Engine:
+        """Load the model ``config`` names and build an engine around it."""
         from chunlian.engine.runner import ModelRunner, single_threaded_here
         from chunlian.model.checkpoint import load_weights
         from chunlian.model.hengpi import HengpiSelector
@@ -122,14 +122,13 @@ class Engine:
         # the model runs on the engine thread: only that thread may own a multi-thread
         # torch team (ModelRunner.bind_thread says why)
         single_threaded_here()
-        device = settings.resolved_device()
-        loaded = load_weights(settings.model_path, device)
-        log.info("loaded %s on %s", loaded.tag, device)
+        loaded = load_weights(config.model_path, config.device)
+        log.info("loaded %s on %s", loaded.tag, config.device)
         runner = ModelRunner(
-            loaded, capacity=settings.max_batch_size, device=device,
-            threads=settings.resolved_torch_threads(), blocklist=settings.generation_blocklist(),
+            loaded, capacity=config.max_batch_size, device=config.device,
+            threads=config.torch_threads, blocklist=config.blocklist,
         )
-        return cls(settings, runner, HengpiSelector.from_loaded(loaded), loaded.tag)
+        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -174,11 +173,11 @@ class Engine:
         """Generate a couplet; raises Overloaded, DeadlineExceeded, Cancelled, EngineStopped."""
         if not self.running or self._loop is None:
             raise EngineStopped("engine is not running")
-        if req.params.n > self.settings.max_batch_size:
-            raise InvalidInput(f"n must be at most {self.settings.max_batch_size}", "n")
-        timeout_s = req.timeout_s if req.timeout_s is not None else self.settings.default_timeout_ms / 1000
+        if req.params.n > self.config.max_batch_size:
+            raise InvalidInput(f"n must be at most {self.config.max_batch_size}", "n")
+        timeout_s = req.timeout_s if req.timeout_s is not None else self.config.default_timeout_ms / 1000
         identity = req.identity()
-        pending = self._inflight.get(identity) if self.settings.coalesce else None
+        pending = self._inflight.get(identity) if self.config.coalesce else None
         if pending is not None and not pending.future.done():
             pending.waiters += 1
             self.stats.coalesced += 1
@@ -212,14 +211,14 @@ class Engine:
                 self.stats.rejected += 1
                 self._rejected.add(now)
                 raise Overloaded(
-                    f"queue full ({self.settings.max_queue_size} waiting)", self.retry_after_s()
+                    f"queue full ({self.config.max_queue_size} waiting)", self.retry_after_s()
                 ) from None
             self._pending[req_id] = pending
             for s in specs:
                 self._seq_owner[s.seq_id] = req_id
             self.stats.queue_depth = self.scheduler.queue_depth
             self._cv.notify()
-        if self.settings.coalesce:  # else nothing ever looks it up
+        if self.config.coalesce:  # else nothing ever looks it up
             self._inflight[identity] = pending
             fut.add_done_callback(lambda _f: self._forget(identity, pending))
         return pending
@@ -240,7 +239,7 @@ class Engine:
     # ---- the engine thread ------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            lower_thread_priority(self.settings.engine_nice)
+            lower_thread_priority(self.config.engine_nice)
             self.runner.bind_thread()
             while True:
                 with self._cv:

@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from chunlian import errors as E
-from chunlian.config import Settings
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.stats import EngineStats, StepReport
 from chunlian.types import CoupletRequest, CoupletResult
 
@@ -71,10 +71,10 @@ def decode_error(wire: ErrorWire) -> E.ChunlianError:
 class ProcessEngine:
     """``Engine``'s interface (``api.service.EngineLike``) over an engine in a child process."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
         self.model_tag = "chunlian-couplet@loading"
-        self.stats = EngineStats(max_queue_size=settings.max_queue_size)
+        self.stats = EngineStats(max_queue_size=config.max_queue_size)
         self._listeners: list[Callable[[StepReport], None]] = []
         self._pending: dict[int, asyncio.Future[CoupletResult]] = {}
         self._ids = itertools.count(1)
@@ -97,7 +97,7 @@ class ProcessEngine:
         ctx = mp.get_context("spawn")  # never fork a process that may hold torch threads
         parent, child = ctx.Pipe(duplex=True)
         self._conn = parent
-        self._proc = ctx.Process(target=child_main, args=(self.settings.model_dump(), child),
+        self._proc = ctx.Process(target=child_main, args=(self.config, child),
                                  name="chunlian-engine-core", daemon=True)
         self._proc.start()
         child.close()
@@ -140,7 +140,7 @@ class ProcessEngine:
         rid = next(self._ids)
         fut: asyncio.Future[CoupletResult] = self._loop.create_future()
         self._pending[rid] = fut
-        timeout_s = req.timeout_s if req.timeout_s is not None else self.settings.default_timeout_ms / 1000
+        timeout_s = req.timeout_s if req.timeout_s is not None else self.config.default_timeout_ms / 1000
         try:
             self._send(("gen", rid, req))
             # the child enforces the deadline; the margin only guards against a stuck child
@@ -229,9 +229,8 @@ class ProcessEngine:
 
 
 # ---- the child -------------------------------------------------------------------------------
-def child_main(settings_dump: dict[str, Any], conn: Connection) -> None:
+def child_main(config: EngineConfig, conn: Connection) -> None:
     """Entry point of the engine process: load the model, serve the pipe until told to stop."""
-    from chunlian.config import load_settings
     from chunlian.engine.engine import Engine
 
     lock = threading.Lock()
@@ -245,8 +244,7 @@ def child_main(settings_dump: dict[str, Any], conn: Connection) -> None:
         # overload it must win the CPU over the engine, not wait behind it
         os.nice(ENGINE_NICE)
     try:
-        settings = load_settings(**settings_dump)
-        engine = Engine.from_settings(settings)
+        engine = Engine.from_config(config)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stays not ready
         send(("failed", f"{type(e).__name__}: {e}"))
         return

@@ -36,12 +36,13 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Protocol
 
 from chunlian import errors as E
-from chunlian.config import Settings, usable_cores
+from chunlian.engine.config import EngineConfig
 from chunlian.engine.stats import EngineStats, StepReport
+from chunlian.omp import usable_cores
 from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
 
 log = logging.getLogger("chunlian.engine")
@@ -74,27 +75,24 @@ def share(total: int, parts: int, index: int) -> int:
     return total // parts + (1 if index < total % parts else 0)
 
 
-def replica_settings(settings: Settings, replicas: int, index: int) -> Settings:
-    """Replica ``index``'s settings: a single engine with its share of the batch, the queue
-    and the cores (``Settings.resolved_replica_threads``)."""
-    values = settings.model_dump()
-    values.update(
-        engine_replicas=1,
-        max_batch_size=share(settings.max_batch_size, replicas, index),
-        max_queue_size=max(1, share(settings.max_queue_size, replicas, index)),
-        torch_threads=settings.resolved_replica_threads(replicas),
+def replica_config(config: EngineConfig, index: int) -> EngineConfig:
+    """Replica ``index``'s configuration: a single engine with its share of the batch, the
+    queue and the cores (``replica_threads``)."""
+    return replace(
+        config, replicas=1, torch_threads=config.replica_threads,
+        max_batch_size=share(config.max_batch_size, config.replicas, index),
+        max_queue_size=max(1, share(config.max_queue_size, config.replicas, index)),
     )
-    return Settings(**values)
 
 
 class ReplicatedEngine:
     """``Engine``'s interface (``api.service.EngineLike``) over several engines."""
 
-    def __init__(self, settings: Settings, replicas: Sequence[Replica],
+    def __init__(self, config: EngineConfig, replicas: Sequence[Replica],
                  factory: Callable[[int], Replica] | None = None) -> None:
         if not replicas:
             raise ValueError("ReplicatedEngine needs at least one replica")
-        self.settings = settings
+        self.config = config
         self.replicas = list(replicas)
         self._factory = factory
         self._outstanding = [0] * len(self.replicas)  # sequences sent, not yet answered
@@ -108,22 +106,21 @@ class ReplicatedEngine:
         self.restarts = 0  # replicas replaced since start
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ReplicatedEngine:
-        """``settings.resolved_engine_replicas()`` engine processes (spawned at ``start``),
-        each restarted when it dies."""
+    def from_config(cls, config: EngineConfig) -> ReplicatedEngine:
+        """``config.replicas`` engine processes (spawned at ``start``), each restarted when
+        it dies."""
         from chunlian.engine.process import ProcessEngine
 
-        n = settings.resolved_engine_replicas()
-        threads, cores = settings.resolved_replica_threads(n), usable_cores()
+        n, threads, cores = config.replicas, config.replica_threads, usable_cores()
         if n * threads > cores:  # both set by hand: say so once, the operator may mean it
             log.warning("%d engine replicas of %d torch threads each on %d usable cores: the threads "
                         "will take turns on the cores (set CHUNLIAN_ENGINE_REPLICAS=0 or "
                         "CHUNLIAN_TORCH_THREADS=0 to fit them)", n, threads, cores)
 
         def factory(i: int) -> Replica:
-            return ProcessEngine(replica_settings(settings, n, i))
+            return ProcessEngine(replica_config(config, i))
 
-        return cls(settings, [factory(i) for i in range(n)], factory)
+        return cls(config, [factory(i) for i in range(n)], factory)
 
     # ---- lifecycle -------------------------------------------------------------------------
     @property
@@ -250,14 +247,14 @@ class ReplicatedEngine:
     async def _generate_on(self, i: int, req: CoupletRequest, identity: RequestIdentity) -> CoupletResult:
         seqs = req.params.n
         self._outstanding[i] += seqs
-        if self.settings.coalesce:
+        if self.config.coalesce:
             _, callers = self._inflight.get(identity, (i, 0))
             self._inflight[identity] = (i, callers + 1)
         try:
             return await self.replicas[i].generate(req)
         finally:
             self._outstanding[i] -= seqs
-            if self.settings.coalesce:
+            if self.config.coalesce:
                 _, callers = self._inflight[identity]
                 if callers <= 1:
                     del self._inflight[identity]
@@ -265,7 +262,7 @@ class ReplicatedEngine:
                     self._inflight[identity] = (i, callers - 1)
 
     def _route(self, identity: RequestIdentity) -> int:
-        if self.settings.coalesce:
+        if self.config.coalesce:
             same = self._inflight.get(identity)
             if same is not None and self.replicas[same[0]].running:
                 return same[0]

@@ -64,7 +64,7 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch_size: int = 128  # as Settings.max_batch_size (the engine passes the settings)
+    max_batch_size: int = 128  # as EngineConfig.max_batch_size (the engine passes its config)
     max_wait_ms: float = 5.0
     max_queue_size: int = 1024
     batching: BatchingMode = "continuous"

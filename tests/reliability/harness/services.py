@@ -173,12 +173,13 @@ class InProcessService:
 
     def __init__(self, settings: Mapping[str, object]) -> None:
         from chunlian.config import load_settings
+        from chunlian.engine.config import EngineConfig
         from chunlian.engine.engine import Engine
         from tests.integration.live_server import LiveServer
 
         base: dict[str, object] = {"device": "cpu", "torch_threads": 1, "warmup": ()}
         self.settings = load_settings(**{**base, **settings})
-        self.engine = Engine.from_settings(self.settings)
+        self.engine = Engine.from_config(EngineConfig.from_settings(self.settings))
         self.hold = Hold()
         self.engine.add_step_listener(self.hold)
         self.live = LiveServer(self.settings, engine=self.engine)
