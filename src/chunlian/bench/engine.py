@@ -79,7 +79,7 @@ def steady_rate(latencies_s: list[float], lo: float = 0.1, hi: float = 0.9) -> f
 
 
 async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], batch: int, mode: str,
-                 hengpi: Any, threads: int = 0) -> dict[str, float]:
+                 hengpi: Any, threads: int = 0, one_at_a_time: bool = False) -> dict[str, float]:
     batching = "static" if mode == "static_retire" else mode
     config = EngineConfig.from_settings(load_settings(
         max_batch_size=batch, batching=batching, max_wait_ms=0, max_queue_size=max(len(uppers), 1),
@@ -99,7 +99,11 @@ async def _drive(loaded: LoadedModel, uppers: list[str] | list[CoupletRequest], 
         lat.append(time.perf_counter() - t)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one(u) for u in uppers))
+    if one_at_a_time:  # each request alone in the engine: its latency is the model's, no queue
+        for u in uppers:
+            await one(u)
+    else:
+        await asyncio.gather(*(one(u) for u in uppers))
     wall = time.perf_counter() - t0
     await engine.stop()
     steps = engine.stats.steps_total
@@ -330,7 +334,8 @@ def compare_weights(
     threads: int = 2, device: str = "cpu", rounds: int = 2,
 ) -> dict[str, Any]:
     """Two or more weight files on one host, side by side: continuous batching at
-    ``max_batch_size`` (couplets/s) and one request at a time (latency), each round in an
+    ``max_batch_size`` (couplets/s) and requests sent one after the other, each alone in the
+    engine (latency), each round in an
     alternating order of the weights, so the host's drift falls on each alike. Ratios are
     against the first weights."""
     from chunlian.engine.runner import single_threaded_here
@@ -355,7 +360,7 @@ def compare_weights(
             batched[names[i]].append(asyncio.run(_drive(models[i], mix, max_batch_size, "continuous",
                                                         hengpis[i], threads)))
             single[names[i]].append(asyncio.run(_drive(models[i], lone[r::rounds], 1, "continuous",
-                                                       hengpis[i], threads)))
+                                                       hengpis[i], threads, one_at_a_time=True)))
     out: dict[str, Any] = {"requests": len(mix), "lone_requests": len(lone), "max_batch_size": max_batch_size,
                            "torch_threads": threads, "rounds": rounds, "models": {}}
     for n, m in zip(names, models, strict=True):
