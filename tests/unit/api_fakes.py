@@ -13,31 +13,9 @@ import httpx
 from chunlian.api import create_app
 from chunlian.api.runtime import Runtime
 from chunlian.config import Settings, load_settings
+from chunlian.engine.stats import EngineStats, StepReport
 from chunlian.errors import EngineStopped
 from chunlian.types import Couplet, CoupletRequest, CoupletResult
-
-
-@dataclass
-class FakeStats:
-    queue_depth: int = 0
-    running: int = 0
-    max_queue_size: int = 8
-    completed: int = 0
-    failed: int = 0
-    deadline_drops: int = 0
-    rejected: int = 0
-    coalesced: int = 0
-    cancelled: int = 0
-    tokens_total: int = 0
-    steps_total: int = 0
-    prefill_total: int = 0
-
-
-@dataclass(frozen=True)
-class FakeStep:
-    batch_size: int
-    step_s: float
-    tokens: int
 
 
 def _han(i: int) -> str:
@@ -50,7 +28,7 @@ class FakeEngine:
     model_tag = "fake-couplet@test"
 
     def __init__(self) -> None:
-        self.stats = FakeStats()
+        self.stats = EngineStats(max_queue_size=8)
         self.calls: list[CoupletRequest] = []
         self.started = False
         self.stopped = False
@@ -85,7 +63,7 @@ class FakeEngine:
                 self.cancelled += 1
                 raise
         for fn in self._listeners:
-            fn(FakeStep(batch_size=1, step_s=0.002, tokens=7))
+            fn(StepReport(batch_size=1, step_s=0.002, tokens=7))
         self.stats.completed += 1
         self.stats.tokens_total += 7
         self.stats.steps_total += 1

@@ -200,15 +200,15 @@ def prepare(data_dir: Path, out_dir: Path, val_size: int = 2000) -> CleanStats:
         src.name: clean(read_tsv(couplets / src.file), src, blocklist, stats, seen)
         for src in SOURCES if (couplets / src.file).is_file()
     }
-    train, vals = split(by_source, stats, val_size,
-                        tuple(s for s in VAL_SPLITS if s.source in by_source))
+    splits = tuple(s for s in VAL_SPLITS if s.source in by_source)
+    train, vals = split(by_source, stats, val_size, splits)
     for p in train:
         stats.kept[f"train:{p.source}"] += 1
     out_dir.mkdir(parents=True, exist_ok=True)
     write_pairs(out_dir / "train.tsv", train)
-    for name, val in vals.items():
-        stats.kept[f"val:{val[0].source if val else '-'}:{name}"] = len(val)
-        write_pairs(out_dir / name, val)
+    for s in splits:
+        stats.kept[f"val:{s.source}:{s.file}"] = len(vals[s.file])
+        write_pairs(out_dir / s.file, vals[s.file])
     (out_dir / "stats.json").write_text(
         json.dumps(stats.as_dict(), ensure_ascii=False, indent=2), encoding="utf-8"
     )

@@ -165,7 +165,8 @@ def build_model(
 ) -> tuple[CoupletTransformer, Tokenizer]:
     """The model to train: from a checkpoint, from init_from (possibly grown), or fresh."""
     extra = [REVERSED_TOKEN] if cfg.augment_reverse else []
-    init = load_weights(Path(cfg.init_from), "cpu") if cfg.init_from else None
+    # a checkpoint holds the whole model: the init_from weights are read only to start one
+    init = load_weights(Path(cfg.init_from), "cpu") if cfg.init_from and state is None else None
     if state is not None:
         tok = Tokenizer(state["vocab"])
         mcfg = ModelConfig(**state["model_cfg"])
