@@ -34,6 +34,12 @@ COPY src /src/src
 RUN --mount=type=secret,id=pip_ca,target=/run/secrets/pip_ca \
     PIP_CERT=/run/secrets/pip_ca /opt/chunlian/bin/pip install --no-deps /src \
     && /opt/chunlian/bin/python -c "from chunlian.model.checkpoint import DEFAULT_WEIGHTS; assert DEFAULT_WEIGHTS.is_file(), DEFAULT_WEIGHTS"
+# what serving never loads: torch's C++ headers, its C++ test binaries, and its tools other
+# than torch_shm_manager (which multiprocessing's shared tensors need): about 190 MB
+RUN torch_dir=$(/opt/chunlian/bin/python -c 'import os, torch; print(os.path.dirname(torch.__file__))') \
+    && rm -rf "$torch_dir/include" "$torch_dir/test" \
+    && find "$torch_dir/bin" -type f ! -name torch_shm_manager -delete \
+    && /opt/chunlian/bin/python -c "import torch; torch.ones(2) @ torch.ones(2)"
 
 # ---- runtime: the base, the environment and an unprivileged user ---------------------------------
 FROM ${BASE}

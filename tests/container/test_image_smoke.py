@@ -15,38 +15,22 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from chunlian.cluster.procs import free_port, http_status
 from chunlian.text import is_han
-from tests.container.conftest import ROOT, note_runtime_problem, runtime_problem
+from tests.container.conftest import ROOT
 
 pytestmark = [pytest.mark.container, pytest.mark.integration, pytest.mark.timeout(1500)]
 
-IMAGE = "localhost/chunlian:test"
 GRACE_S = 40  # the instance's drain (CHUNLIAN_DRAIN_TIMEOUT_S 30) + margin, as in deploy/
 REDIS_URL = "redis://127.0.0.1:6379/10"
 
 
 def _podman(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
-
-
-@pytest.fixture(scope="module")
-def image() -> Iterator[str]:
-    t0 = time.monotonic()
-    build = subprocess.run([str(ROOT / "scripts" / "build-image.sh"), IMAGE], cwd=ROOT, capture_output=True,
-                           text=True, timeout=1200, check=False)
-    problem = runtime_problem()  # after the build: it installs podman and makes the base image
-    if problem is not None:
-        note_runtime_problem(problem)
-        pytest.skip(f"the container runtime cannot start containers here: {problem}")
-    assert build.returncode == 0, (build.stdout + build.stderr)[-4000:]
-    print(f"\nimage built (or found cached) in {time.monotonic() - t0:.1f} s")
-    yield IMAGE
 
 
 def _run(image: str, name: str, env: dict[str, str], *command: str) -> None:
