@@ -37,7 +37,7 @@ def note_runtime_problem(reason: str) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for reason in RUNTIME_PROBLEMS:
         terminalreporter.write_line(
-            f"CONTAINER RUNTIME CANNOT START CONTAINERS HERE: {reason} -- the image smoke test did not run",
+            f"CONTAINER RUNTIME CANNOT START CONTAINERS HERE: {reason} -- the tests that run containers did not run",
             red=True, bold=True)
 
 

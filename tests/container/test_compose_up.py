@@ -6,7 +6,8 @@ no image registry). Grafana has no Debian package, so it is the one service left
 Through the one published port: the campaign page, a couplet (200, a 下联 as long as the 上联), a
 bulk job run by the Celery worker through nginx to the instances. Prometheus finds both instances
 through Compose's DNS and scrapes them, and holds the project's alert rules. Then
-``docker-compose down`` stops everything within the grace periods.
+``docker-compose stop`` stops everything within the grace periods, the instances and the worker
+with exit 0. Which instances answered is printed, not asserted (nginx's least_conn decides).
 
 podman runs a container's healthcheck only when something schedules it (systemd timers, which
 this host has not); ``depends_on: condition: service_healthy`` waits on those checks, so the test
