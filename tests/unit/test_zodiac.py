@@ -17,9 +17,10 @@ from chunlian.errors import ConfigError
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.zodiac import animal, campaign_year, off_year_terms, with_zodiac
 
-# lines of the validation split whose greedy 下联 named another year without the rule
-# (紫燕迎春... -> 金猴献岁..., 幸入福院龙年乐 -> 喜临华堂蛇岁新, 紫燕飞来寻玉兔 -> 金猴舞去踏红梅)
-UPPERS = ["紫燕迎春，绚丽风光凝百瑞", "幸入福院龙年乐", "紫燕飞来寻玉兔", "龙门在望仙门近"]
+# lines of the validation splits whose greedy 下联 names another year without the rule
+# (紫燕飞来寻玉兔 -> 红梅绽放醉金鸡, 玉兔迎春前景美 -> 金龙送岁小康宁, 龙年百卉齐争艳 ->
+# 蛇岁三春共享荣, 喜见羊年成骏业 -> 欣闻猴岁展宏图), and one whose 下联 names none
+UPPERS = ["紫燕飞来寻玉兔", "玉兔迎春前景美", "龙年百卉齐争艳", "喜见羊年成骏业", "龙门在望仙门近"]
 
 
 @cache
