@@ -21,7 +21,7 @@ Interactive requests keep the greedy engine; a job may ask for the quality mode 
 * Sub-batches of ``QUALITY_SUB_BATCH`` items: a search of 32 beams per item is slow, and
   each finished sub-batch is recorded at once, so a chunk cut by its soft time limit loses
   one sub-batch at most (the retry does only what is left).
-* Results carry the answering weights' tag (``chunlian-couplet@rev-step9000``), and are not
+* Results carry the answering weights' tag (``chunlian-couplet@rev-v3-step5539``), and are not
   put in the interactive result cache.
 """
 
