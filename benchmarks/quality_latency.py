@@ -18,7 +18,6 @@ from pathlib import Path
 
 from model_report import latency  # this script's folder is on sys.path: one timing loop for both
 
-from chunlian.model.checkpoint import DEFAULT_WEIGHTS
 from chunlian.offline import QUALITY, OfflineGenerator
 from chunlian.training.eval_run import read_eval_pairs
 
@@ -38,9 +37,7 @@ def main() -> None:
         "quality": OfflineGenerator.load_quality("cpu", capacity=64),
     }
     if args.against is not None:
-        gens["quality-against"] = OfflineGenerator.load(
-            args.against, "cpu", capacity=64, beam_width=QUALITY.beam_width, channel_weight=QUALITY.channel_weight,
-            rescore=(DEFAULT_WEIGHTS,), rescore_weight=QUALITY.rescore_weight)
+        gens["quality-against"] = OfflineGenerator.load_quality("cpu", capacity=64, model_path=args.against)
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in gens}
     for r in range(args.rounds):
         for name in (list(gens) if r % 2 == 0 else list(reversed(gens))):

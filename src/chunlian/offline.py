@@ -156,14 +156,15 @@ class OfflineGenerator:
                    rescorers, rescore_weight)
 
     @classmethod
-    def load_quality(cls, device: str = "cpu", capacity: int = 64,
-                     blocklist: Blocklist | None = None) -> OfflineGenerator:
-        """The offline quality mode (``QUALITY``): the reverse-trained weights' beam, reranked
-        by their channel score and by the shipped weights (the CLI's ``--quality`` builds the
-        same from its flags, which may override each part; bulk jobs: ``jobs.quality``)."""
+    def load_quality(cls, device: str = "cpu", capacity: int = 64, blocklist: Blocklist | None = None,
+                     model_path: Path | None = None) -> OfflineGenerator:
+        """The offline quality mode (``QUALITY``): the reverse-trained weights' beam (the
+        shipped ones unless ``model_path``), reranked by their channel score and by the shipped
+        weights (the CLI's ``--quality`` builds the same from its flags, which may override each
+        part; bulk jobs: ``jobs.quality``)."""
         from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
 
-        return cls.load(QUALITY_WEIGHTS, device, capacity=capacity, beam_width=QUALITY.beam_width,
+        return cls.load(model_path or QUALITY_WEIGHTS, device, capacity=capacity, beam_width=QUALITY.beam_width,
                         blocklist=blocklist, channel_weight=QUALITY.channel_weight,
                         rescore=(DEFAULT_WEIGHTS,), rescore_weight=QUALITY.rescore_weight)
 
