@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from chunlian.data.corpus import read_pairs
+from chunlian.engine.request import BeamHyp
 from chunlian.errors import InvalidInput
-from chunlian.model.beam import BeamResult, BeamSearcher
-from chunlian.model.channel import ChannelScorer, candidate_scores, rerank
-from chunlian.model.checkpoint import load_weights
+from chunlian.model.channel import ChannelScorer
+from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.offline import OfflineGenerator
 from chunlian.text import validate_upper
 from chunlian.training.evaluate import compute_metrics
@@ -62,10 +62,10 @@ def main() -> None:
             continue
         if len(pairs) == args.pairs:
             break
-    gen = OfflineGenerator.load(args.model, "cpu", capacity=64)
-    tone_bias = gen.runner.tone_bias if args.tone_bias is None else args.tone_bias
-    searcher = BeamSearcher(gen.loaded, gen.runner.constrainer, tone_bias,
-                            max_rows=max(64, args.beam))
+    gen = OfflineGenerator.load(args.model, "cpu", capacity=max(64, args.beam))
+    if args.tone_bias is not None:
+        gen.runner.tone_bias = args.tone_bias
+    tone_bias = gen.runner.tone_bias
     items = [(u, "traditional") for u, _ in pairs]
     t0 = time.perf_counter()
     if args.nbest_cache is not None and args.nbest_cache.exists():
@@ -74,14 +74,14 @@ def main() -> None:
                 "tone_bias": tone_bias}
         if any(cached.get(k) != v for k, v in same.items()):
             raise SystemExit(f"{args.nbest_cache} holds another run's candidates (items, beam, models or tone bias differ)")
-        nbest = [[BeamResult(lo, m, lp) for lo, m, lp in hyps] for hyps in cached["nbest"]]
+        nbest = [[BeamHyp(lo, lp, m) for lo, m, lp in hyps] for hyps in cached["nbest"]]
     else:
-        nbest = searcher.search_nbest(items, args.beam)
+        nbest = [list(h) for h in gen.beam_nbest(items, args.beam)]
         if args.nbest_cache is not None:
             args.nbest_cache.write_text(json.dumps(
                 {"items": items, "beam": args.beam, "model": gen.loaded.tag,
                  "tone_bias": tone_bias,
-                 "nbest": [[[h.lower, h.mean_logprob, h.logprob] for h in hyps] for hyps in nbest]},
+                 "nbest": [[[h.lower, h.logprob_mean, h.logprob] for h in hyps] for hyps in nbest]},
                 ensure_ascii=False), encoding="utf-8")
     beam_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -109,6 +109,27 @@ def main() -> None:
               "beam_s": round(beam_s, 1), "channel_s": round(channel_s, 1), "table": table}
     if args.out:
         args.out.write_text(json.dumps(report, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+Scores = list[list[float]]  # one float per candidate of each request, shaped like nbest
+
+
+def candidate_scores(models: tuple[LoadedModel, ...] | list[LoadedModel], items: list[tuple[str, str]],
+                     nbest: list[list[BeamHyp]], forward: bool = False) -> Scores:
+    """Each candidate's channel score (``forward``: its forward score), averaged over ``models``."""
+    triples = [(upper, h.lower, style) for (upper, style), hyps in zip(items, nbest, strict=True) for h in hyps]
+    per_model = [ChannelScorer(m, forward=forward).score(triples) for m in models]
+    flat = iter([sum(col) / len(col) for col in zip(*per_model, strict=True)])
+    return [[next(flat) for _ in hyps] for hyps in nbest]
+
+
+def rerank(nbest: list[list[BeamHyp]], *terms: tuple[float, Scores]) -> list[BeamHyp]:
+    """Each request's candidate with the best ``logprob + sum(weight * score)`` (ties: the
+    beam's order), as ``engine.rescore.Rescorer`` ranks them."""
+    def total(r: int, k: int, h: BeamHyp) -> float:
+        return h.logprob + sum(w * sc[r][k] for w, sc in terms)
+
+    return [max(enumerate(hyps), key=lambda kh: total(r, kh[0], kh[1]))[1] for r, hyps in enumerate(nbest)]
 
 
 if __name__ == "__main__":

@@ -1,28 +1,28 @@
-"""Synchronous batch generation without the async engine: CLI, evaluation, benchmarks.
+"""Synchronous batch generation in one process: CLI, evaluation, bulk jobs, benchmarks.
 
-Requests are expanded into sequences and run through one ``ModelRunner`` with iteration-
-level admission (``run_all``); results come back in input order.
+``OfflineGenerator`` is the in-process client of the engine core (``engine.core``): the
+requests of a batch go through the same continuous batch, request kinds and rules as the
+service's; results come back in input order. The request builders here validate what a
+command line or a job item gives.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from chunlian.data.blocklist import Blocklist
-from chunlian.engine.request import SeqOutput, expand, model_request
-from chunlian.engine.rerank import build_result
+from chunlian.engine.config import EngineConfig
+from chunlian.engine.core import CoreOutput, CoreRequest, EngineCore
+from chunlian.engine.request import BeamHyp
+from chunlian.engine.rescore import Rescorer
 from chunlian.engine.runner import ModelRunner
-from chunlian.errors import ChunlianError, InvalidInput
+from chunlian.errors import ChunlianError, InvalidInput, ModelError
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.styles import STYLES
 from chunlian.text import validate_upper
-from chunlian.types import CoupletRequest, CoupletResult, DecodeParams
+from chunlian.types import BeamParams, CoupletRequest, CoupletResult, DecodeParams
 from chunlian.validation import validate_heads, validate_keyword
-
-if TYPE_CHECKING:
-    from chunlian.model.beam import BeamSearcher
 
 MAX_N = 8
 MAX_BEAM = 32
@@ -113,12 +113,15 @@ def compose_request(
 
 @dataclass
 class OfflineGenerator:
-    """The model, a runner and the 横批 selector, for batch work in one process."""
+    """The in-process client of an ``EngineCore`` for batch work in one process (CLI,
+    evaluation, Celery workers, bulk jobs): ``generate`` adds a batch of requests to the core
+    and steps it until every one has ended. The core is the same one the service runs, so
+    every request kind behaves here as it does there."""
 
     loaded: LoadedModel
     runner: ModelRunner
     hengpi: object | None
-    beam_width: int = 1  # > 1: greedy 下联 requests use constrained beam search
+    beam_width: int = 1  # > 1: greedy 下联 requests are answered by a constrained beam search
     # > 0 (with beam_width > 1): the beam's candidates are reranked by
     # log p(lower | upper) + channel_weight * log p(upper | lower) (model.channel)
     channel_weight: float = 0.0
@@ -126,9 +129,13 @@ class OfflineGenerator:
     # each candidate's score (a second opinion on the beam's candidates; model.channel)
     rescorers: tuple[LoadedModel, ...] = ()
     rescore_weight: float = 0.0
-    # built at the first beam request and kept: its KV caches (~40 MB at 64 rows) are
-    # allocated once, not zeroed again for every request
-    _searcher: BeamSearcher | None = field(default=None, init=False, repr=False)
+    core: EngineCore = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        config = EngineConfig(max_batch_size=self.runner.capacity, max_queue_size=_WINDOW_FACTOR * self.runner.capacity,
+                              max_wait_ms=0.0, min_prefill_seqs=1, coalesce=False, engine_nice=0)
+        rescorer = Rescorer(self.loaded, self.rescorers) if self.channel_weight > 0 or self.rescore_weight > 0 else None
+        self.core = EngineCore(config, self.runner, self.hengpi, self.loaded.tag, rescorer)  # type: ignore[arg-type]
 
     @classmethod
     def load(
@@ -136,10 +143,9 @@ class OfflineGenerator:
         blocklist: Blocklist | None = None, channel_weight: float = 0.0,
         rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
     ) -> OfflineGenerator:
-        """``blocklist``: the bans on generated text (default: ``Settings.generation_blocklist``
-        of the environment's settings, as the service applies them); ``device``: cpu, cuda
-        or auto (``model.device``)."""
-        from chunlian.config import load_settings
+        """``blocklist``: the bans on generated text (default: the safety blocklist alone;
+        the service's are ``Settings.generation_blocklist()``); ``device``: cpu, cuda or auto
+        (``model.device``)."""
         from chunlian.model.device import resolve_device
         from chunlian.model.hengpi import HengpiSelector
 
@@ -149,8 +155,7 @@ class OfflineGenerator:
         check_channel(channel_weight, beam_width)
         check_rescore(rescore_weight, beam_width, len(rescore))
         loaded = load_weights(model_path, device)
-        bans = load_settings().generation_blocklist() if blocklist is None else blocklist
-        runner = ModelRunner(loaded, capacity, device, blocklist=bans)
+        runner = ModelRunner(loaded, max(capacity, beam_width), device, blocklist=blocklist)
         rescorers = tuple(load_weights(p, device) for p in rescore) if rescore_weight > 0 else ()
         return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight,
                    rescorers, rescore_weight)
@@ -168,64 +173,52 @@ class OfflineGenerator:
                         blocklist=blocklist, channel_weight=QUALITY.channel_weight,
                         rescore=(DEFAULT_WEIGHTS,), rescore_weight=QUALITY.rescore_weight)
 
+    def beam_params(self) -> BeamParams | None:
+        """The search this generator gives greedy 下联 requests (None: greedy decoding)."""
+        if self.beam_width <= 1:
+            return None
+        return BeamParams(self.beam_width, self.channel_weight, self.rescore_weight)
+
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
         """Results in input order; a request that fails yields its error, not an abort.
 
         With ``beam_width > 1``, greedy requests for a 下联 (no seed, ``n == 1``) are
-        answered by beam search; composed and sampled ones run through the runner as usual.
+        answered by beam search; composed and sampled ones are decoded as usual.
         """
-        specs = []
-        owners: list[list[int]] = []
-        next_id = 1
-        beamed = self._beam(requests)
-        for req in requests:
-            if id(req) in beamed:
-                owners.append([beamed[id(req)].seq_id])
-                continue
-            s = expand(req, next_id)
-            next_id += len(s)
-            specs.extend(s)
-            owners.append([x.seq_id for x in s])
-        outs = self.runner.run_all(specs)
-        outs.update({o.seq_id: o for o in beamed.values()})
-        results: list[CoupletResult | ChunlianError] = []
-        for req, ids in zip(requests, owners, strict=True):
-            try:
-                results.append(build_result(req, [outs[i] for i in ids], self.hengpi, self.loaded.tag))  # type: ignore[arg-type]
-            except ChunlianError as e:
-                results.append(e)
-        return results
+        beam = self.beam_params()
+        todo = [replace(r, params=replace(r.params, beam=beam))
+                if beam is not None and r.upper is not None and r.params.greedy else r for r in requests]
+        return [o.result if o.result is not None else o.error or ModelError("no answer") for o in self.run(todo)]
 
-    def _beam(self, requests: list[CoupletRequest]) -> dict[int, SeqOutput]:
-        """Beam-searched outputs of the eligible requests, keyed by ``id(request)``; their
-        sequence ids are negative so they never meet the runner's (1, 2, ...)."""
-        if self.beam_width <= 1:
-            return {}
-        todo = [r for r in requests if r.upper is not None and r.params.greedy]
-        if not todo:
-            return {}
-        searcher = self._searcher
-        if searcher is None:
-            from chunlian.model.beam import BeamSearcher
+    def beam_nbest(self, items: list[tuple[str, str]], width: int) -> list[tuple[BeamHyp, ...]]:
+        """The final lines of a beam of ``width`` for each ``(upper, style)``, best first by
+        the beam's own score, before any reranking (sweeps of the rerank weights)."""
+        reqs = [CoupletRequest(style=style, upper=upper, params=DecodeParams(beam=BeamParams(width)))
+                for upper, style in items]
+        return [o.beams for o in self.run(reqs)]
 
-            searcher = self._searcher = BeamSearcher(
-                self.loaded, self.runner.constrainer, self.runner.tone_bias,
-                max_rows=max(self.runner.capacity, self.beam_width),
-            )
-        items = [(model_request(r).upper or "", r.style) for r in todo]
-        if self.channel_weight > 0 or self.rescore_weight > 0:
-            from chunlian.model.channel import Scores, candidate_scores, rerank
+    def run(self, requests: list[CoupletRequest]) -> list[CoreOutput]:
+        """Each request's output from the core, in input order (an error output for a request
+        the core refuses). Requests enter the core as rows free up, a window at a time."""
+        outs: list[CoreOutput | None] = [None] * len(requests)
+        window = _WINDOW_FACTOR * self.runner.capacity  # requests queued in the core at a time
+        nxt = 0
+        try:
+            while nxt < len(requests) or self.core.has_unfinished:
+                while nxt < len(requests) and self.core.queue_depth < window:
+                    try:
+                        self.core.add_request(CoreRequest(nxt, replace(requests[nxt], timeout_s=None)))
+                    except ChunlianError as e:
+                        outs[nxt] = CoreOutput(nxt, error=e)
+                    nxt += 1
+                for out in self.core.step():
+                    outs[out.req_id] = out
+        finally:  # an exception mid-batch leaves no request, and no row, behind
+            if self.core.has_unfinished:
+                self.core.fail_all(ModelError("generation interrupted"))
+        return [o if o is not None else CoreOutput(i, error=ModelError("no answer")) for i, o in enumerate(outs)]
 
-            nbest = searcher.search_nbest(items, self.beam_width)
-            terms: list[tuple[float, Scores]] = []
-            if self.channel_weight > 0:
-                terms.append((self.channel_weight, candidate_scores((self.loaded,), items, nbest)))
-            if self.rescore_weight > 0:
-                terms.append((self.rescore_weight, candidate_scores(self.rescorers, items, nbest, forward=True)))
-            found = rerank(nbest, *terms)
-        else:
-            found = searcher.search(items, self.beam_width)
-        return {  # the searched 上联 (model form): build_result converts back to what was typed
-            id(r): SeqOutput(-1 - i, model_request(r).upper or "", b.lower, b.mean_logprob)
-            for i, (r, b) in enumerate(zip(todo, found, strict=True))
-        }
+
+# requests the in-process client keeps queued in the core, per row of capacity: enough for
+# every free row to be filled at each step, few enough that the scheduler's scans stay short
+_WINDOW_FACTOR = 2

@@ -13,25 +13,61 @@ DEFAULT_SAMPLING_TEMPERATURE = 0.8
 
 
 @dataclass(frozen=True)
+class BeamParams:
+    """A constrained beam search of ``width`` rows, its final candidates reranked by
+    ``log p(lower | upper)`` + ``channel_weight`` x the searching weights' channel score
+    ``log p(upper | lower)`` + ``rescore_weight`` x the forward score of the engine's
+    rescoring weights (``model.channel``). Deterministic, like a greedy answer."""
+
+    width: int
+    channel_weight: float = 0.0
+    rescore_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.width < 1:
+            raise ValueError(f"beam width must be >= 1, got {self.width}")
+        if self.channel_weight < 0 or self.rescore_weight < 0:
+            raise ValueError("rescoring weights must be >= 0")
+
+    @property
+    def reranked(self) -> bool:
+        return self.channel_weight > 0 or self.rescore_weight > 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {"width": self.width, "channel": self.channel_weight, "rescore": self.rescore_weight}
+
+
+@dataclass(frozen=True)
 class DecodeParams:
-    """How to decode. ``seed is None and n == 1`` means greedy (deterministic, cacheable);
-    a seed or ``n > 1`` means sampling with ``temperature``/``top_k``/``top_p`` and reranking."""
+    """How to decode. ``seed is None and n == 1`` (no beam) means greedy (deterministic,
+    cacheable); a seed or ``n > 1`` means sampling with ``temperature``/``top_k``/``top_p``
+    and reranking; ``beam`` means a beam search whose best ``n`` distinct lines are the
+    candidates (deterministic; seed and sampling parameters do not apply)."""
 
     n: int = 1
     seed: int | None = None
     temperature: float = DEFAULT_SAMPLING_TEMPERATURE
     top_k: int = 50
     top_p: float = 0.95
+    beam: BeamParams | None = None
 
     @property
     def greedy(self) -> bool:
-        return self.seed is None and self.n == 1
+        return self.seed is None and self.n == 1 and self.beam is None
+
+    @property
+    def rows(self) -> int:
+        """KV-cache rows the request holds while it runs: its beam, or one per candidate."""
+        return self.beam.width if self.beam is not None else self.n
 
     def as_dict(self) -> dict[str, object]:
         """The fields as a plain dict (``dataclasses.asdict`` copies recursively: it cost
         the event loop a measurable share of each request)."""
-        return {"n": self.n, "seed": self.seed, "temperature": self.temperature,
-                "top_k": self.top_k, "top_p": self.top_p}
+        d: dict[str, object] = {"n": self.n, "seed": self.seed, "temperature": self.temperature,
+                                "top_k": self.top_k, "top_p": self.top_p}
+        if self.beam is not None:
+            d["beam"] = self.beam.as_dict()
+        return d
 
 
 # CoupletRequest.identity(): upper, heads, keyword, length, style, decoding parameters

@@ -196,13 +196,13 @@ async def test_overload_carries_retry_after() -> None:
         first = asyncio.create_task(eng.generate(CoupletRequest(upper="春回大地")))
         await until(lambda: runner.prefilled)
         second = asyncio.create_task(eng.generate(CoupletRequest(upper="平安喜乐")))
-        await until(lambda: eng.scheduler.queue_depth == 1)
+        await until(lambda: eng.queue_depth == 1)
         with pytest.raises(Overloaded) as exc:
             await eng.generate(CoupletRequest(upper="万事如意"))
         assert exc.value.retry_after_s >= 1.0
         # clients pushing past a full queue stretch the advice: each rejected client returns
         for t in range(50):
-            eng._done.add(1000.0 + t * 0.2)  # a drain of 5 per second
+            eng.core._done.add(1000.0 + t * 0.2)  # a drain of 5 per second
         eng._rejected = RateWindow(10)
         quiet = eng.retry_after_s(now_s=1009.9)
         for t in range(500):

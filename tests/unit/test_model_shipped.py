@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from chunlian.cli import main as cli_main
-from chunlian.engine.request import SeqSpec
+from chunlian.engine.request import BeamHyp, SeqSpec
 from chunlian.engine.runner import ModelRunner
-from chunlian.model.beam import BeamSearcher
 from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS, LoadedModel, load_weights
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.model.transformer import KVCache
@@ -63,38 +62,65 @@ def assert_rules(upper: str, lower: str) -> None:
         assert tone_class(lower[-1]) == "ping"
 
 
-def searcher(max_rows: int = 256) -> BeamSearcher:
-    runner = ModelRunner(shipped(), 16)
-    return BeamSearcher(shipped(), runner.constrainer, runner.tone_bias, max_rows)
+def beams(items: list[tuple[str, str]], width: int, capacity: int = 256) -> list[list[BeamHyp]]:
+    """The final lines of each item's beam, best first, from the engine core."""
+    from chunlian.offline import OfflineGenerator
+
+    gen = OfflineGenerator(shipped(), ModelRunner(shipped(), capacity), None)
+    return [list(h) for h in gen.beam_nbest(items, width)]
 
 
 def test_beam_of_width_one_is_greedy() -> None:
     greedy = lowers(ModelRunner(shipped(), 16), specs())
-    beam = searcher().search([(u, "traditional") for u in UPPERS], 1)
-    assert [b.lower for b in beam] == [greedy[u] for u in UPPERS]
+    beam = beams([(u, "traditional") for u in UPPERS], 1)
+    assert [b[0].lower for b in beam] == [greedy[u] for u in UPPERS]
 
 
 def test_beam_search_keeps_every_rule_and_ignores_its_companions() -> None:
     """Width 4 over lines of mixed lengths: every rule holds; a line's answer is the same
     alone and among the others (rows of one request never mix with another's)."""
     items = [(u, "traditional") for u in UPPERS]
-    together = searcher().search(items, 4)
-    alone = [searcher().search([it], 4)[0] for it in items[:4]]
+    together = beams(items, 4)
+    alone = [beams([it], 4)[0] for it in items[:4]]
     for (upper, _), res in zip(items, together, strict=True):
-        assert_rules(upper, res.lower)
-        assert res.mean_logprob <= 0.0
-    assert [a.lower for a in alone] == [t.lower for t in together[:4]]
-    # a group split over several cache fills (2 requests of 4 beams at a time) agrees too
-    assert [r.lower for r in searcher(max_rows=8).search(items, 4)] == [t.lower for t in together]
+        assert_rules(upper, res[0].lower)
+        assert res[0].logprob_mean <= 0.0
+    assert [a[0].lower for a in alone] == [t[0].lower for t in together[:4]]
+    # rows freed and refilled as requests come and go (2 requests of 4 beams at a time) agree too
+    assert [r[0].lower for r in beams(items, 4, capacity=8)] == [t[0].lower for t in together]
 
 
-def test_nbest_beams_are_distinct_ruled_lines_best_first_and_their_head_is_the_search() -> None:
+def test_beams_share_a_batch_with_greedy_and_sampled_rows() -> None:
+    """A beam request decodes in the same steps as greedy and sampled requests, and each
+    answer is the one it gets alone."""
+    from chunlian.offline import OfflineGenerator
+    from chunlian.errors import ChunlianError
+    from chunlian.types import BeamParams, CoupletRequest, CoupletResult, DecodeParams
+
+    gen = OfflineGenerator(shipped(), ModelRunner(shipped(), 32), None)
+    mixed = [CoupletRequest(upper=UPPERS[0], params=DecodeParams(beam=BeamParams(4))),
+             CoupletRequest(upper=UPPERS[1]),
+             CoupletRequest(upper=UPPERS[2], params=DecodeParams(n=2, seed=5)),
+             CoupletRequest(heads="李明", length=7),
+             CoupletRequest(upper=UPPERS[3], params=DecodeParams(n=3, beam=BeamParams(4)))]
+    together = gen.generate(mixed)
+    alone = [gen.generate([r])[0] for r in mixed]
+
+    def lines(results: list[CoupletResult | ChunlianError]) -> list[list[str]]:
+        return [[c.lower for c in (r.best, *r.candidates)] for r in results if not isinstance(r, ChunlianError)]
+
+    assert len(lines(together)) == len(mixed)
+    assert lines(together) == lines(alone)  # the scores may differ in the last float digits
+    fourth = together[4]
+    assert not isinstance(fourth, Exception) and len(fourth.candidates) == 3
+    assert fourth.candidates[0].lower == beams([(UPPERS[3], "traditional")], 4)[0][0].lower
+    assert gen.runner.n_live == 0
+
+
+def test_nbest_beams_are_distinct_ruled_lines_best_first() -> None:
     items = [(u, "traditional") for u in UPPERS[:6]]
-    best = searcher().search(items, 4)
-    nbest = searcher().search_nbest(items, 4)
-    for (upper, _), hyps, top in zip(items, nbest, best, strict=True):
+    for (upper, _), hyps in zip(items, beams(items, 4), strict=True):
         assert 1 <= len(hyps) <= 4 and len({h.lower for h in hyps}) == len(hyps)
-        assert hyps[0].lower == top.lower
         assert [h.logprob for h in hyps] == sorted((h.logprob for h in hyps), reverse=True)
         for h in hyps:
             assert_rules(upper, h.lower)
@@ -149,7 +175,7 @@ def test_logits_of_the_last_positions_are_the_tail_of_the_full_pass() -> None:
 def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:
     """The generator's reranked answer is the candidate of its own beam with the best
     ``logprob + W * channel (+ F * rescore)``; without a term it is the beam's best."""
-    from chunlian.model.channel import candidate_scores, rerank
+    from chunlian.model.channel import ChannelScorer
     from chunlian.offline import OfflineGenerator
     from chunlian.types import CoupletRequest
 
@@ -159,15 +185,16 @@ def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:
                                      rescore=(DEFAULT_WEIGHTS,), rescore_weight=2.0)
     reqs = [CoupletRequest(upper=u) for u in UPPERS[:6]]
     items = [(u, "traditional") for u in UPPERS[:6]]
-    nbest = BeamSearcher(plain.loaded, plain.runner.constrainer, plain.runner.tone_bias,
-                         max_rows=16).search_nbest(items, 4)
-    channel = candidate_scores([plain.loaded], items, nbest)
-    forward = candidate_scores([plain.loaded], items, nbest, forward=True)
-    want = {
-        "plain": [hyps[0].lower for hyps in nbest],
-        "reranked": [h.lower for h in rerank(nbest, (1.0, channel))],
-        "rescored": [h.lower for h in rerank(nbest, (1.0, channel), (2.0, forward))],
-    }
+    nbest = beams(items, 4, capacity=16)
+    triples = [[(u, h.lower, st) for h in hyps] for (u, st), hyps in zip(items, nbest, strict=True)]
+    channel = [ChannelScorer(plain.loaded).score(t) for t in triples]
+    forward = [ChannelScorer(plain.loaded, forward=True).score(t) for t in triples]
+
+    def best(w: float, f: float) -> list[str]:
+        return [max(enumerate(hyps), key=lambda kh: kh[1].logprob + w * channel[r][kh[0]]
+                    + f * forward[r][kh[0]])[1].lower for r, hyps in enumerate(nbest)]
+
+    want = {"plain": [hyps[0].lower for hyps in nbest], "reranked": best(1.0, 0.0), "rescored": best(1.0, 2.0)}
     for name, gen in (("plain", plain), ("reranked", reranked), ("rescored", rescored)):
         got = gen.generate(reqs)
         for req, res, hyps in zip(reqs, got, nbest, strict=True):
@@ -178,18 +205,32 @@ def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:
 
 
 def test_rerank_adds_every_weighted_term_and_breaks_ties_by_beam_order() -> None:
-    """``logprob + sum(weight * score)``, computed by hand for each case in the comments."""
-    from chunlian.model.beam import BeamResult
-    from chunlian.model.channel import rerank
+    """``logprob + channel_weight * channel + rescore_weight * forward``, computed by hand
+    for each case in the comments (``engine.rescore``, scores stubbed)."""
+    from chunlian.engine.rescore import BeamJob, Rescorer
+    from chunlian.types import BeamParams
 
-    nbest = [[BeamResult("甲", -1.0, -1.0), BeamResult("乙", -1.5, -1.5)], [BeamResult("丙", -2.0, -2.0)]]
-    channel = [[-3.0, -1.0], [-5.0]]
-    forward = [[-1.0, -2.0], [0.0]]
-    assert [h.lower for h in rerank(nbest)] == ["甲", "丙"]
-    assert [h.lower for h in rerank(nbest, (1.0, channel))] == ["乙", "丙"]  # -4 vs -2.5
-    assert [h.lower for h in rerank(nbest, (1.0, channel), (1.0, forward))] == ["乙", "丙"]  # -5 vs -4.5
-    assert [h.lower for h in rerank(nbest, (1.0, channel), (1.5, forward))] == ["甲", "丙"]  # tie -5.5: beam order
-    assert [h.lower for h in rerank(nbest, (1.0, channel), (2.0, forward))] == ["甲", "丙"]  # -6 vs -6.5
+    hyps = (BeamHyp("甲", -1.0, -1.0), BeamHyp("乙", -1.5, -1.5))
+    channel, forward = iter([]), iter([])
+
+    class Stub:
+        def __init__(self, values: list[float]) -> None:
+            self.values = values
+
+        def score(self, triples: list[tuple[str, str, str]]) -> list[float]:
+            return self.values[: len(triples)]
+
+    def ranked(cw: float, rw: float) -> list[str]:
+        r = Rescorer(shipped())
+        r._channel, r._forward = Stub([-3.0, -1.0]), (Stub([-1.0, -2.0]),)  # type: ignore[assignment]
+        return [h.lower for h in r.rerank([BeamJob("春回", "traditional", BeamParams(2, cw, rw), hyps)])[0]]
+
+    del channel, forward
+    assert ranked(0.0, 0.0) == ["甲", "乙"]
+    assert ranked(1.0, 0.0) == ["乙", "甲"]  # -4 vs -2.5
+    assert ranked(1.0, 1.0) == ["乙", "甲"]  # -5 vs -4.5
+    assert ranked(1.0, 1.5) == ["甲", "乙"]  # tie -5.5: beam order
+    assert ranked(1.0, 2.0) == ["甲", "乙"]  # -6 vs -6.5
 
 
 def test_forward_scores_are_the_teacher_forced_lower_log_probabilities() -> None:
@@ -234,17 +275,19 @@ def test_forward_scores_share_each_prompt_and_equal_a_full_teacher_forced_pass()
     assert got[0] != got[1] and got[0] != got[2]  # same prompt, other 下联; same lines, other style
 
 
-def test_beam_reorder_of_generated_positions_equals_copying_the_prompt_too(
+def test_beam_reparenting_of_generated_positions_equals_copying_the_prompt_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The beam copies only the generated positions at each step (a request's beams share
-    their prompt); copying every written position, as before, finds the same beams."""
+    """A reparented beam gets only its parent's generated positions (a request's beams share
+    their prompt); copying every written position finds the same beams."""
+    from chunlian.engine import beams as beams_mod
+
     items = [(u, "traditional") for u in UPPERS[:6]]
-    fast = searcher(max_rows=16).search_nbest(items, 4)
-    original = BeamSearcher._reorder
-    monkeypatch.setattr(BeamSearcher, "_reorder",
-                        staticmethod(lambda cache, src, start, end: original(cache, src, 0, end)))
-    slow = searcher(max_rows=16).search_nbest(items, 4)
+    fast = beams(items, 4, capacity=16)
+    original = beams_mod._copy_kv
+    monkeypatch.setattr(beams_mod, "_copy_kv",
+                        lambda moves, live, cache: original([(d, s, 0) for d, s, _ in moves], live, cache))
+    slow = beams(items, 4, capacity=16)
     assert [[(h.lower, round(h.logprob, 4)) for h in hs] for hs in fast] == \
         [[(h.lower, round(h.logprob, 4)) for h in hs] for hs in slow]
 

@@ -20,6 +20,8 @@ KEY_PREFIX = "chunlian:v1:"
 def _decoding(params: DecodeParams) -> dict[str, object]:
     if params.greedy:
         return {"greedy": True}
+    if params.beam is not None:  # a search ignores seed and sampling parameters
+        return {"n": params.n, "beam": params.beam.as_dict()}
     return params.as_dict()
 
 

@@ -2,7 +2,9 @@
 
 A ``CoupletRequest`` becomes one ``SeqSpec`` per candidate (``n`` of them): each is one
 sequence in one KV-cache slot, from prompt to the last 下联 character. A composed couplet
-is one sequence too: it writes the 上联 after its forced head, then the 下联.
+is one sequence too: it writes the 上联 after its forced head, then the 下联. A beam request
+is one ``SeqSpec`` that holds ``width`` rows (its beams) and finishes with every surviving
+line (``SeqOutput.beams``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from chunlian.script import is_traditional, simplified
 from chunlian.text import is_han, model_form
-from chunlian.types import CoupletRequest
+from chunlian.types import BeamParams, CoupletRequest
 
 _SEED_MIX = 0x9E3779B1
 
@@ -36,6 +38,12 @@ class SeqSpec:
     # score the chosen tokens (``SeqOutput.logprob_mean``): needed only to rank candidates;
     # a lone candidate skips a log-softmax over the vocabulary at every step
     scored: bool = True
+    beam: BeamParams | None = None  # a beam search over ``beam.width`` rows (a 下联 only)
+
+    @property
+    def rows(self) -> int:
+        """KV-cache rows this sequence holds while it runs."""
+        return self.beam.width if self.beam is not None else 1
 
     @property
     def prompt_chars(self) -> str:
@@ -56,14 +64,26 @@ class SeqSpec:
 
 
 @dataclass(frozen=True)
+class BeamHyp:
+    """One final line of a beam: its summed log-probability over the characters the model
+    chose (forced ones are not scored) and that sum's mean per scored step."""
+
+    lower: str
+    logprob: float
+    logprob_mean: float
+
+
+@dataclass(frozen=True)
 class SeqOutput:
     """A finished sequence: its lines and mean log-probability per emitted Han character
-    (0.0 when its spec was not ``scored``)."""
+    (0.0 when its spec was not ``scored``). A beam's output is its best line, with every
+    surviving line best first in ``beams``."""
 
     seq_id: int
     upper: str
     lower: str
     logprob_mean: float
+    beams: tuple[BeamHyp, ...] = ()
 
 
 def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
@@ -71,6 +91,11 @@ def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
     on its text as the model reads it (``model_request``)."""
     req = model_request(req)
     p = req.params
+    if p.beam is not None:
+        if req.upper is None:
+            raise ValueError("a beam search writes a 下联: it needs an upper line")
+        return [SeqSpec(seq_id=first_seq_id, style=req.style, upper=req.upper, upper_len=len(req.upper),
+                        scored=False, beam=p.beam)]
     specs: list[SeqSpec] = []
     for c in range(p.n):
         greedy = p.seed is None and c == 0

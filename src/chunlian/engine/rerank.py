@@ -55,15 +55,17 @@ def _in_script_of(req: CoupletRequest) -> Callable[[str, str], tuple[str, str]] 
 
 
 def build_result(
-    req: CoupletRequest, outputs: list[SeqOutput], hengpi: HengpiChooser | None, model_tag: str
+    req: CoupletRequest, outputs: list[SeqOutput], hengpi: HengpiChooser | None, model_tag: str,
+    ranked: bool = False,
 ) -> CoupletResult:
+    """The answer from a request's finished sequences, best first by score (``ranked``:
+    in the given order, as a beam's reranking left them)."""
     if not outputs:
         raise ValueError("a request finished without output")
     # each score once (this runs on the engine thread for every answer), best first
-    scored = sorted(
-        ((o.logprob_mean + RULE_WEIGHT * opposition_rate(o.upper, o.lower), o) for o in outputs),
-        key=lambda so: (-so[0], so[1].seq_id),
-    )
+    scored = [(o.logprob_mean + RULE_WEIGHT * opposition_rate(o.upper, o.lower), o) for o in outputs]
+    if not ranked:
+        scored.sort(key=lambda so: (-so[0], so[1].seq_id))
     couplets = []
     back = _in_script_of(req)
     typed = req.upper

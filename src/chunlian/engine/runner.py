@@ -23,15 +23,17 @@ answer is still returned at once, and its rule work is skipped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from chunlian.data.blocklist import Blocklist, default_blocklist
+from chunlian.engine import beams
 from chunlian.engine.prefill import GROUP_FIXED_TOKENS, prefill_chunks
-from chunlian.engine.request import SeqOutput, SeqSpec
+from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec
+from chunlian.engine.rows import BeamGroup, Row
 from chunlian.engine.sampling import MAX_BATCHED_TOP_K, sample_one, sample_top_k
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.decoding import Constrainer, LineState
@@ -40,21 +42,6 @@ from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.model.transformer import GroupInput, KVCache
 
 DEFAULT_TONE_BIAS = 2.0
-
-
-@dataclass
-class _Row:
-    spec: SeqSpec
-    state: LineState
-    next_id: int  # token to feed at the next decode step
-    next_pos: int
-    next_role: int
-    logprob_sum: float = 0.0
-    n_scored: int = 0
-    pending_sep: bool = False
-    gen: torch.Generator | None = None
-    extra: dict[str, float] = field(default_factory=dict)
-    retired: bool = False  # finished, kept as padding of a padded batch (``padded_batches``)
 
 
 class ModelRunner:
@@ -80,7 +67,7 @@ class ModelRunner:
         self.blocklist = blocklist or default_blocklist()  # shared: its indexes are built once
         self.constrainer = Constrainer(self.tok, self.blocklist, self.device)
         self.tone_bias = tone_bias
-        self.rows: list[_Row] = []
+        self.rows: list[Row] = []
         self.tokens_emitted = 0
         self.padded_batches = False  # request-level batches (module docstring)
         # (style, register) -> the prompt prefix's keys and values, each [layers, H, P, hd]
@@ -148,8 +135,9 @@ class ModelRunner:
         return out
 
     def _check_room(self, specs: list[SeqSpec]) -> None:
-        if len(specs) > self.capacity - self.n_live:
-            raise ValueError(f"prefill of {len(specs)} exceeds free rows {self.capacity - self.n_live}")
+        need = sum(s.rows for s in specs)
+        if need > self.capacity - self.n_live:
+            raise ValueError(f"prefill of {need} rows exceeds free rows {self.capacity - self.n_live}")
         if self.padded_batches and self.rows:
             raise ValueError("a padded batch admits nothing until it has finished")
 
@@ -181,14 +169,14 @@ class ModelRunner:
         self.rows.extend(new_rows)
         return self._emit(logits, new_rows)
 
-    def _prefill_input(self, specs: list[SeqSpec], row0: int) -> tuple[GroupInput, list[_Row]]:
+    def _prefill_input(self, specs: list[SeqSpec], row0: int) -> tuple[GroupInput, list[Row]]:
         """The model input of a prefill into rows ``row0 ..`` and the rows' states. The
         prompt prefix's keys and values are copied into those rows here from ``_prefix``
         (a quarter of a short line's prompt): the input is the rest of each prompt."""
         tok = self.tok
         prompts: list[list[int]] = []
         roles: list[list[int]] = []
-        new_rows: list[_Row] = []
+        new_rows: list[Row] = []
         for s in specs:
             chars = s.prompt_chars
             ids = tok.encode(chars)
@@ -207,7 +195,10 @@ class ModelRunner:
             gen = None
             if not s.greedy:
                 gen = torch.Generator(device="cpu").manual_seed(s.seed)
-            new_rows.append(_Row(s, state, 0, 0, 0, gen=gen))
+            row = Row(s, state, 0, 0, 0, gen=gen)
+            if s.beam is not None:  # one prompt row; its first choice fans it out (engine.beams)
+                row.group = BeamGroup(s.beam.width, [row])
+            new_rows.append(row)
         B = len(prompts)
         T = max(len(p) for p in prompts)  # prompt tokens after the prefix (at least 1)
         lens = torch.tensor([len(p) for p in prompts])
@@ -278,7 +269,7 @@ class ModelRunner:
         self._check_room(specs)
         dec_rows = list(self.rows)
         inputs = [self._decode_input()] if dec_rows else []
-        new_rows: list[_Row] = []
+        new_rows: list[Row] = []
         row0 = self.n_live
         for chunk in prefill_chunks(specs, self._prompt_len, GROUP_FIXED_TOKENS):
             gi, rows = self._prefill_input(chunk, row0)
@@ -290,7 +281,7 @@ class ModelRunner:
         return self._emit(logits, dec_rows + new_rows)
 
     # ---- token choice --------------------------------------------------------------------
-    def _emit(self, logits: Tensor, rows: list[_Row]) -> list[SeqOutput]:
+    def _emit(self, logits: Tensor, rows: list[Row]) -> list[SeqOutput]:
         """Apply the rules, choose one token per row, advance states, retire finished rows."""
         tok = self.tok
         sep_rows = {b for b, r in enumerate(rows) if r.pending_sep}
@@ -309,9 +300,13 @@ class ModelRunner:
                 choice[b] = sample_one(logits[b], rows[b].spec, rows[b].gen)
         choice_l = choice.tolist()
         chosen_lp = self._chosen_logprobs(logits, choice, rows, forced)
-        finished: list[SeqOutput] = []
+        beam_idx = [b for b, r in enumerate(rows) if r.group is not None]
+        if beam_idx:  # the beams choose together, per request (engine.beams)
+            beams.advance(logits, forced, rows, beam_idx, self.rows, self.cache, tok)
         for b, r in enumerate(rows):
             self.tokens_emitted += 1
+            if r.group is not None:
+                continue
             if b in sep_rows:  # the composed 上联 is complete: feed the separator next
                 r.pending_sep = False
                 r.next_id, r.next_role = tok.sep_id, lower_role(0)
@@ -330,13 +325,21 @@ class ModelRunner:
             r.next_id = tok.stoi.get(ch, tok.unk_id)
             if was_upper and r.state.phase == "lower":
                 r.pending_sep = True
+        return self._retire_finished()
+
+    def _retire_finished(self) -> list[SeqOutput]:
+        """The outputs of the rows whose lines are complete (one per beam search), and
+        their rows freed (retired as padding in a padded batch)."""
+        tok = self.tok
+        finished: list[SeqOutput] = []
         done = [i for i, r in enumerate(self.rows) if r.state.done and not r.retired]
         for i in reversed(done):
             r = self.rows[i]
-            finished.append(
-                SeqOutput(r.spec.seq_id, r.state.upper, r.state.lower,
-                          r.logprob_sum / max(1, r.n_scored))
-            )
+            if r.group is None:
+                finished.append(SeqOutput(r.spec.seq_id, r.state.upper, r.state.lower,
+                                          r.logprob_sum / max(1, r.n_scored)))
+            elif r is r.group.rows[0]:  # a group's rows all finish at this step
+                finished.append(_beam_output(r.group))
             if self.padded_batches:
                 r.retired, r.next_id = True, tok.pad_id
             else:
@@ -346,7 +349,7 @@ class ModelRunner:
         return finished
 
     def _chosen_logprobs(
-        self, logits: Tensor, choice: Tensor, rows: list[_Row], forced: list[str | None]
+        self, logits: Tensor, choice: Tensor, rows: list[Row], forced: list[str | None]
     ) -> dict[int, float]:
         """Log-probability of each scored row's choice, renormalised over its allowed tokens
         (forced characters are not scored; ``SeqSpec.scored``). log_softmax, not logsumexp:
@@ -369,11 +372,22 @@ class ModelRunner:
         while pending or self.rows:
             free = self.capacity - self.n_live
             batch: list[SeqSpec] = []
-            if pending and free and not (self.padded_batches and self.rows):
-                batch, pending = pending[:free], pending[free:]
+            while pending and pending[0].rows <= free and not (self.padded_batches and self.rows):
+                free -= pending[0].rows
+                batch.append(pending.pop(0))
             for o in self.step(batch):
                 out[o.seq_id] = o
         return out
+
+
+def _beam_output(g: BeamGroup) -> SeqOutput:
+    """A finished beam search: its best line, with every surviving line best first."""
+    assert g.score is not None
+    n = max(1, g.n_scored)
+    hyps = tuple(BeamHyp(r.state.lower, sc, sc / n)
+                 for r, sc in zip(g.rows, g.score.tolist(), strict=True) if math.isfinite(sc))
+    best = g.rows[0].state
+    return SeqOutput(g.rows[0].spec.seq_id, best.upper, best.lower, hyps[0].logprob_mean, hyps)
 
 
 def single_threaded_here() -> None:

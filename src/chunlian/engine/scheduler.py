@@ -150,6 +150,14 @@ class Scheduler:
             r.remaining = 0
             self._by_id.pop(req_id, None)
 
+    def reset(self) -> None:
+        """Forget every request, waiting or running (the core failed them all)."""
+        for q in self.waiting.values():
+            q.clear()
+        self.running.clear()
+        self._by_id.clear()
+        self.live_seqs = self.live_bulk_seqs = 0
+
     def _free(self, r: SchedRequest, count: int) -> None:
         self.live_seqs -= count
         if r.priority == "bulk":

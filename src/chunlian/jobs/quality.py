@@ -75,13 +75,8 @@ class QualityModel:
             self._gen = OfflineGenerator.load_quality(self.device, QUALITY_CAPACITY, self.blocklist)
             log.info("process %d loaded the quality mode (%s) on %s", os.getpid(), self._gen.loaded.tag,
                      self.device)
-        gen = self._gen
-        try:
-            return list(gen.generate([request_of(s) for s in specs]))
-        finally:
-            runner = gen.runner  # an exception mid-batch must not leave rows in the KV cache
-            if runner.n_live:
-                runner.release(list(runner.live_ids))
+        # an exception mid-batch leaves no row in the KV cache (``OfflineGenerator.run``)
+        return list(self._gen.generate([request_of(s) for s in specs]))
 
 
 def run_when_idle() -> bool:

@@ -8,6 +8,8 @@ reranking of machine translation and dialogue). The final choice maximises::
 
     log p(lower | upper) + weight * log p(upper | lower)
 
+(``engine.rescore`` adds the terms up for the beams the engine core finishes.)
+
 Both terms are sums over the line's characters; every candidate of one request has the
 上联's length, so no length normalisation is needed. A third, optional term adds a second
 model's forward score ``log p(lower | upper)`` (``forward=True``): in the quality preset the
@@ -28,7 +30,6 @@ from collections.abc import Sequence
 
 import torch
 
-from chunlian.model.beam import BeamResult
 from chunlian.model.checkpoint import LoadedModel
 from chunlian.model.tokenizer import lower_role, sequence_roles
 from chunlian.model.transformer import KVCache
@@ -102,28 +103,3 @@ class ChannelScorer:
         lp = torch.cat(parts, dim=1)  # [R, n]
         known = target != tok.unk_id
         return (lp * known).sum(dim=1).tolist()
-
-
-def candidate_scores(
-    models: Sequence[LoadedModel], items: Sequence[tuple[str, str]], nbest: Sequence[Sequence[BeamResult]],
-    forward: bool = False,
-) -> list[list[float]]:
-    """The channel score (``forward``: the forward score, ``log p(lower | upper)``) of every
-    candidate of every ``(upper, style)`` request, averaged over ``models`` (one model, or
-    an ensemble's members), shaped like ``nbest``."""
-    triples = [(upper, h.lower, style) for (upper, style), hyps in zip(items, nbest, strict=True) for h in hyps]
-    per_model = [ChannelScorer(m, forward=forward).score(triples) for m in models]
-    flat = iter([sum(col) / len(col) for col in zip(*per_model, strict=True)])
-    return [[next(flat) for _ in hyps] for hyps in nbest]
-
-
-Scores = Sequence[Sequence[float]]  # one float per candidate of each request, shaped like nbest
-
-
-def rerank(nbest: Sequence[Sequence[BeamResult]], *terms: tuple[float, Scores]) -> list[BeamResult]:
-    """Each request's candidate with the best ``logprob + sum(weight * score)`` over the
-    ``(weight, scores)`` terms (ties: the beam's order)."""
-    def total(r: int, k: int, h: BeamResult) -> float:
-        return h.logprob + sum(w * sc[r][k] for w, sc in terms)
-
-    return [max(enumerate(hyps), key=lambda kh: total(r, kh[0], kh[1]))[1] for r, hyps in enumerate(nbest)]

@@ -1,0 +1,334 @@
+"""``EngineCore``: the one synchronous core that runs every way of writing a couplet.
+
+Greedy, sampled (``n``, ``seed``), composed (藏头 / keyword) and beam requests (width, with
+optional channel and forward rescoring) are request kinds of one continuous batch over one
+KV cache: a beam's rows decode in the same forward pass as other requests' rows, and the
+rescoring of beams that finished is batched forward work the core runs in the same step.
+
+The core has no thread, no event loop and no clock of its own beyond ``time.monotonic``:
+
+    add_request(CoreRequest)   queue a request (raises Overloaded or InvalidInput at once)
+    abort(req_ids)             cancel requests, queued or running (idempotent)
+    step() -> [CoreOutput]     plan, run one model step, return the requests that ended
+
+Every request added ends in exactly one ``CoreOutput``: a result, or an error (deadline,
+cancellation, model failure, shutdown through ``fail_all``). Clients (``engine.engine``'s
+async ``Engine``, ``offline.OfflineGenerator``) own futures, coalescing and transport.
+The scheduler (``engine.scheduler``, pure Python) owns admission, priority and the bulk
+share; the runner (``engine.runner``) owns the tensors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from chunlian.engine.config import EngineConfig
+from chunlian.engine.rates import RateWindow
+from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand, model_request
+from chunlian.engine.rerank import HengpiChooser, build_result
+from chunlian.engine.rescore import BeamJob, Rescorer
+from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
+from chunlian.engine.stats import EngineStats, StepReport
+from chunlian.errors import (
+    Cancelled,
+    ChunlianError,
+    DeadlineExceeded,
+    InvalidInput,
+    ModelError,
+    Overloaded,
+)
+from chunlian.types import CoupletRequest, CoupletResult
+
+__all__ = ["CoreOutput", "CoreRequest", "EngineCore", "Runner"]
+
+RATE_WINDOW_S = 10  # the completion rate is measured over this many seconds
+
+log = logging.getLogger("chunlian.engine")
+
+
+class Runner(Protocol):
+    """What the core needs of a model runner (``ModelRunner`` or a fake in tests)."""
+
+    capacity: int
+    tokens_emitted: int
+    padded_batches: bool  # set for static batching: one padded rectangle per batch
+
+    # decode the live rows and admit ``specs`` (either may be empty): one iteration
+    def step(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
+    def release(self, seq_ids: set[int] | list[int]) -> None: ...
+    def bind_thread(self) -> None: ...  # called on the stepping thread before its first step
+
+
+@dataclass(frozen=True)
+class CoreRequest:
+    """A request as the core takes it: its id (unique among the core's live requests) and
+    its absolute deadline on ``time.monotonic`` (``math.inf``: none)."""
+
+    req_id: int
+    request: CoupletRequest
+    deadline_s: float = math.inf
+
+
+@dataclass(frozen=True)
+class CoreOutput:
+    """How a request ended: exactly one of ``result`` and ``error``; a beam request's result
+    comes with its search's final lines, best first by the beam's own score (``beams``:
+    for sweeps and distillation, which rerank them their own way)."""
+
+    req_id: int
+    result: CoupletResult | None = None
+    error: ChunlianError | None = None
+    beams: tuple[BeamHyp, ...] = ()
+
+
+@dataclass
+class _Work:
+    req: CoreRequest
+    specs: list[SeqSpec]
+    outputs: list[SeqOutput] = field(default_factory=list)
+    aborted: bool = False
+
+
+class EngineCore:
+    """Continuous (or static) batching of every request kind; see the module docstring."""
+
+    def __init__(
+        self, config: EngineConfig, runner: Runner, hengpi: HengpiChooser | None = None,
+        model_tag: str = "chunlian-couplet@dev", rescorer: Rescorer | None = None,
+    ) -> None:
+        if config.max_batch_size > runner.capacity:
+            raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {config.max_batch_size}")
+        self.config = config
+        self.runner = runner
+        runner.padded_batches = config.batching == "static"
+        self.hengpi = hengpi
+        self.model_tag = model_tag
+        self.rescorer = rescorer
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
+            max_queue_size=config.max_queue_size, batching=config.batching,
+            bulk_min_share=config.bulk_min_share, min_prefill_seqs=config.min_prefill_seqs,
+        ))
+        self.stats = EngineStats(max_queue_size=config.max_queue_size)
+        self.idle_wait_s: float | None = None  # after a step with nothing to run: how long to wait
+        self._work: dict[int, _Work] = {}
+        self._seq_owner: dict[int, int] = {}
+        self._seq_ids = itertools.count(1)
+        self._done = RateWindow(RATE_WINDOW_S)
+        self._listeners: list[Callable[[StepReport], None]] = []
+        self._out: list[CoreOutput] = []
+
+    # ---- inputs -----------------------------------------------------------------------------
+    def add_request(self, creq: CoreRequest) -> None:
+        """Queue ``creq``; raises ``Overloaded`` (queue full) or ``InvalidInput`` at once,
+        and then the request never produces an output."""
+        req = creq.request
+        rows = req.params.rows
+        if rows > self.config.max_batch_size:
+            raise InvalidInput(f"n must be at most {self.config.max_batch_size}", "n")
+        if req.params.beam is not None and self.rescorer is None and req.params.beam.reranked:
+            raise InvalidInput("this engine has no weights to rescore beams with", "beam")
+        if creq.req_id in self._work:
+            raise ValueError(f"request id {creq.req_id} is already live")
+        try:
+            specs = expand(req, next(self._seq_ids))
+        except ValueError as e:
+            raise InvalidInput(str(e), "beam") from None
+        for _ in range(len(specs) - 1):
+            next(self._seq_ids)
+        now = time.monotonic()
+        try:
+            self.scheduler.add(SchedRequest(creq.req_id, req.priority, rows, now, creq.deadline_s))
+        except QueueFull:
+            self.stats.rejected += 1
+            raise Overloaded(f"queue full ({self.config.max_queue_size} waiting)", 1.0) from None
+        self._work[creq.req_id] = _Work(creq, specs)
+        for s in specs:
+            self._seq_owner[s.seq_id] = creq.req_id
+        self.stats.queue_depth = self.scheduler.queue_depth
+
+    def abort(self, req_ids: Iterable[int]) -> None:
+        """Cancel requests: each ends with ``Cancelled`` at the next step (unknown or ended
+        ids are ignored)."""
+        for rid in req_ids:
+            w = self._work.get(rid)
+            if w is not None:
+                w.aborted = True
+                self.scheduler.cancel(rid)
+
+    def add_step_listener(self, fn: Callable[[StepReport], None]) -> None:
+        self._listeners.append(fn)
+
+    # ---- state --------------------------------------------------------------------------------
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self._work)
+
+    @property
+    def queue_depth(self) -> int:
+        return self.scheduler.queue_depth
+
+    def drain_rate_per_s(self, now_s: float | None = None) -> float:
+        """Requests completed per second over the recent window (0 when unknown)."""
+        return self._done.per_s(time.monotonic() if now_s is None else now_s)
+
+    # ---- the step ---------------------------------------------------------------------------
+    def step(self) -> list[CoreOutput]:
+        """Plan, run one model step (decode of the live rows fused with the admission of
+        new ones), rescore finished beams; the requests that ended, in no particular order."""
+        plan = self.scheduler.plan(time.monotonic())
+        self.stats.queue_depth = self.scheduler.queue_depth
+        self._drop(plan.expired, lambda: DeadlineExceeded("deadline passed while queued"))
+        self._drop(plan.cancelled, lambda: Cancelled("request cancelled"))
+        self._release(plan.release)
+        self.stats.running = self.scheduler.live_seqs
+        self.idle_wait_s = None
+        if plan.has_work:
+            self._step([self._work[i] for i in plan.prefill if i in self._work], plan.decode)
+        elif not (plan.expired or plan.cancelled or plan.release):
+            self.idle_wait_s = plan.idle_wait_s if plan.idle_wait_s is not None else math.inf
+        out, self._out = self._out, []
+        return out
+
+    def fail_all(self, error: ChunlianError) -> list[CoreOutput]:
+        """End every request with ``error`` and free every row (shutdown, a failed client)."""
+        work = list(self._work.values())
+        self.scheduler.reset()
+        try:
+            self.runner.release([s.seq_id for w in work for s in w.specs])
+        except Exception:  # the futures complete even when the runner is broken
+            log.exception("could not free the rows")
+        for w in work:
+            self._end(w, error=error)
+        out, self._out = self._out, []
+        return out
+
+    def _step(self, admitted: list[_Work], decode: bool) -> None:
+        t0 = time.perf_counter()
+        tokens0 = self.runner.tokens_emitted
+        batch = self.scheduler.live_seqs
+        try:
+            specs = [s for w in admitted for s in w.specs]
+            finished = self.runner.step(specs) if specs or decode else []
+            self.stats.prefill_total += len(admitted)
+        except Exception as e:  # a failed step fails the requests in it, not the core
+            log.exception("model step failed")
+            reason = f"generation failed: {type(e).__name__}"
+            self._release(list(self.scheduler.running), lambda: ModelError(reason))
+            return
+        tokens = self.runner.tokens_emitted - tokens0
+        self.stats.steps_total += 1
+        self.stats.tokens_total += tokens
+        report = StepReport(batch, time.perf_counter() - t0, tokens)
+        for fn in self._listeners:
+            try:
+                fn(report)
+            except Exception:  # a metrics hook must never take the core down
+                log.exception("step listener failed")
+        self._collect(finished)
+        self.stats.running = self.scheduler.live_seqs
+
+    def _collect(self, finished: list[SeqOutput]) -> None:
+        done: list[_Work] = []
+        for out in finished:
+            rid = self._seq_owner.pop(out.seq_id, None)
+            w = self._work.get(rid) if rid is not None else None
+            if w is None:
+                continue
+            w.outputs.append(out)
+            rows = w.req.request.params.rows if out.beams else 1
+            if self.scheduler.on_seqs_finished(rid, rows):  # type: ignore[arg-type]
+                done.append(w)
+        beams = [w for w in done if w.req.request.params.beam is not None]
+        ranked = self._rerank(beams) if beams else {}
+        for w in done:
+            self._finish(w, ranked.get(w.req.req_id))
+
+    def _rerank(self, beams: list[_Work]) -> dict[int, list[SeqOutput]]:
+        """The reranked lines of finished beams (one batched pass per rescoring model)."""
+        todo = [w for w in beams if w.req.request.params.beam.reranked]  # type: ignore[union-attr]
+        if not todo or self.rescorer is None:
+            return {}
+        try:
+            order = self.rescorer.rerank([self._beam_job(w) for w in todo])
+        except Exception as e:
+            log.exception("rescoring failed")
+            for w in todo:
+                self._end(w, error=ModelError(f"rescoring failed: {type(e).__name__}"))
+            return {}
+        return {w.req.req_id: [SeqOutput(w.outputs[0].seq_id, w.outputs[0].upper, h.lower, h.logprob_mean)
+                               for h in hyps] for w, hyps in zip(todo, order, strict=True)}
+
+    @staticmethod
+    def _beam_job(w: _Work) -> BeamJob:
+        out = w.outputs[0]
+        req = model_request(w.req.request)
+        assert req.params.beam is not None
+        return BeamJob(out.upper, req.style, req.params.beam, out.beams)
+
+    def _finish(self, w: _Work, ranked: list[SeqOutput] | None) -> None:
+        """Build the request's result: a beam's best ``n`` lines in their ranked order."""
+        if w.req.req_id not in self._work:  # ended already (its rescoring failed)
+            return
+        req = w.req.request
+        outputs = w.outputs
+        if req.params.beam is not None:
+            out = outputs[0]
+            outputs = ranked if ranked is not None else [
+                SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in out.beams]
+            outputs = outputs[: req.params.n]
+        try:
+            result = build_result(req, outputs, self.hengpi, self.model_tag, ranked=req.params.beam is not None)
+        except ChunlianError as e:
+            self._end(w, error=e)
+        except Exception as e:  # an error in one request ends only that request
+            log.exception("post-processing failed")
+            self._end(w, error=ModelError(f"post-processing failed: {type(e).__name__}"))
+        else:
+            self._done.add(time.monotonic())
+            self._end(w, result=result, beams=w.outputs[0].beams if req.params.beam is not None else ())
+
+    def _drop(self, req_ids: list[int], error: Callable[[], ChunlianError]) -> None:
+        """End queued requests that never ran."""
+        for rid in req_ids:
+            w = self._work.get(rid)
+            if w is not None:
+                self._end(w, error=error())
+
+    def _release(self, req_ids: list[int], error: Callable[[], ChunlianError] | None = None) -> None:
+        """Free the rows of running requests (aborted, past deadline, or failed)."""
+        for rid in req_ids:
+            self.scheduler.fail_running(rid)
+            w = self._work.get(rid)
+            if w is None:
+                continue
+            self.runner.release([s.seq_id for s in w.specs])
+            if error is not None:
+                err = error()
+            elif w.aborted:
+                err = Cancelled("request cancelled")
+            else:
+                err = DeadlineExceeded("deadline passed while generating")
+            self._end(w, error=err)
+
+    def _end(self, w: _Work, result: CoupletResult | None = None, error: ChunlianError | None = None,
+             beams: tuple[BeamHyp, ...] = ()) -> None:
+        if self._work.pop(w.req.req_id, None) is None:
+            return
+        for s in w.specs:
+            self._seq_owner.pop(s.seq_id, None)
+        if error is None:
+            self.stats.completed += 1
+        elif isinstance(error, Cancelled):
+            self.stats.cancelled += 1
+        else:
+            self.stats.failed += 1
+            if isinstance(error, DeadlineExceeded):
+                self.stats.deadline_drops += 1
+        self._out.append(CoreOutput(w.req.req_id, result, error, beams))
