@@ -93,8 +93,8 @@ def test_beam_search_keeps_every_rule_and_ignores_its_companions() -> None:
 def test_beams_share_a_batch_with_greedy_and_sampled_rows() -> None:
     """A beam request decodes in the same steps as greedy and sampled requests, and each
     answer is the one it gets alone."""
-    from chunlian.offline import OfflineGenerator
     from chunlian.errors import ChunlianError
+    from chunlian.offline import OfflineGenerator
     from chunlian.types import BeamParams, CoupletRequest, CoupletResult, DecodeParams
 
     gen = OfflineGenerator(shipped(), ModelRunner(shipped(), 32), None)
