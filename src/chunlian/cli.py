@@ -8,7 +8,6 @@ registered explicitly by ``build_parser``. Shared flags and types: ``chunlian.cl
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -189,11 +188,11 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     import asyncio
 
     from chunlian.api.warmup import read_warmup_file, warmup_remote
-    from chunlian.config import DEFAULT_WARMUP
+    from chunlian.config import DEFAULT_WARMUP, load_client_settings
 
     items = read_warmup_file(Path(args.file)) if args.file else list(DEFAULT_WARMUP)
     t0 = time.perf_counter()
-    key = args.api_key or os.environ.get("CHUNLIAN_API_KEY") or None
+    key = args.api_key or load_client_settings().api_key
     bar = None
     if not args.no_progress:
         from tqdm import tqdm

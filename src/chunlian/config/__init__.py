@@ -83,7 +83,9 @@ class _EnvSettings(BaseSettings):
         return init_settings, _MappingSource(settings_cls, environ)
 
 
-class Settings(_EnvSettings, ClusterSettings, JobsSettings, CacheSettings, EngineSettings, HttpSettings):
+# model_config: SettingsConfigDict extends the parts' ConfigDict (mypy sees two TypedDicts)
+class Settings(_EnvSettings, ClusterSettings, JobsSettings, CacheSettings, EngineSettings,  # type: ignore[misc]
+               HttpSettings):
     """Service settings; every field maps to ``CHUNLIAN_<NAME>`` (case-insensitive) and is
     declared in one of the parts (``SUBCONFIGS``)."""
 

@@ -66,6 +66,11 @@ class SubConfig(BaseModel):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
     @classmethod
+    def defaults(cls) -> Self:
+        """The part with every knob at its default."""
+        return cls.model_validate({})
+
+    @classmethod
     def check(cls, **values: Any) -> None:
         """Raise ``ValueError`` naming the first of ``values`` outside its knob's declared
         type or bounds (for configurations built from these knobs without the environment)."""
@@ -343,7 +348,7 @@ def _instance_id() -> str:
 
 
 class ClusterSettings(SubConfig):
-    """This instance among the others behind one front (``chunlian cluster``, Kubernetes)."""
+    """This instance among the others behind one front (`chunlian cluster`, Kubernetes)."""
 
     instance_id: str = Field(default_factory=_instance_id)
     """Name of this instance in `X-Chunlian-Instance`, `/healthz` and logs; default: host name, process id and a random suffix."""

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from chunlian.data.blocklist import Blocklist
 
 DEVICES = ("cpu", "cuda")
-KNOBS = EngineSettings()  # the engine knobs' defaults
+KNOBS = EngineSettings.defaults()  # the engine knobs' defaults
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from chunlian.config import EngineSettings
 from chunlian.types import BatchingMode, Priority
 
-KNOBS = EngineSettings()  # the engine knobs' defaults
+KNOBS = EngineSettings.defaults()  # the engine knobs' defaults
 
 
 @dataclass

@@ -56,7 +56,7 @@ def executor() -> Executor:
         from chunlian.jobs.worker import HttpExecutor, LocalExecutor
 
         s = app.chunlian_settings
-        url = os.environ.get("CHUNLIAN_WORKER_ENGINE_URL")
+        url = s.worker_engine_url
         if url:  # the instance's engine: at most its bulk share per request, so that this
             # worker never fills the batch that interactive requests share
             keys = sorted(s.api_key_set)
