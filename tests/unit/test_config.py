@@ -106,3 +106,15 @@ def test_engine_and_scheduler_defaults_and_bounds_are_the_engine_settings() -> N
         SchedulerConfig(max_batch_size=top + 1)
     with pytest.raises(ValueError, match="max_batch_size"):
         EngineConfig(max_batch_size=top + 1)
+
+
+def test_jobs_commands_take_the_service_url_from_the_client_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from chunlian.cli import main
+
+    monkeypatch.setenv("CHUNLIAN_URL", "http://127.0.0.1:9")  # discard: nothing answers
+    assert main(["jobs", "list", "--timeout-s", "2"]) == 1
+    assert "no answer from http://127.0.0.1:9" in capsys.readouterr().err
+    assert main(["jobs", "list", "--timeout-s", "2", "--url", "http://127.0.0.1:7"]) == 1  # the flag wins
+    assert "no answer from http://127.0.0.1:7" in capsys.readouterr().err
