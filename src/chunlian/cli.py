@@ -76,10 +76,12 @@ def _apply_quality(args: argparse.Namespace) -> None:
 
 
 def _generator(args: argparse.Namespace) -> Any:
+    from chunlian.config import load_settings
     from chunlian.offline import OfflineGenerator
 
     return OfflineGenerator.load(
         args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1),
+        blocklist=load_settings().generation_blocklist(),  # the bans the service applies
         channel_weight=getattr(args, "channel", 0.0),
         rescore=tuple(getattr(args, "rescore", None) or ()), rescore_weight=getattr(args, "rescore_weight", 0.0),
     )

@@ -158,7 +158,7 @@ class HttpExecutor:
     """A serving instance's engine over HTTP (``/v1/couplets/batch``, bulk priority)."""
 
     def __init__(self, base_url: str, batch_size: int = 64, timeout_s: float = 60.0,
-                 api_key: str | None = None, client: Any = None) -> None:
+                 api_key: str | None = None, client: Any = None, blocklist: Any = None) -> None:
         import httpx
 
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
@@ -167,8 +167,9 @@ class HttpExecutor:
                                              headers=headers)
         self.batch_size = min(batch_size, 256)
         # the serving instance has no quality mode: this process runs it (``jobs.quality``),
-        # on the instance's machine, so only on cores the instance leaves idle
-        self.quality = QualityModel(idle=True)
+        # on the instance's machine, so only on cores the instance leaves idle; ``blocklist``:
+        # the bans on its text (``Settings.generation_blocklist``, as the instance's)
+        self.quality = QualityModel(blocklist=blocklist, idle=True)
 
     def run(self, specs: Sequence[Spec]) -> list[Outcome]:
         _hooks_before_run(specs)
