@@ -3,7 +3,7 @@
     .venv/bin/python scripts/gen_reference.py          # rewrite the pages
     .venv/bin/python scripts/gen_reference.py --check  # exit 1, naming each stale page
 
-The pages: configuration.md (every ``Settings`` field), cli.md (every ``chunlian`` parser),
+The pages: configuration.md (every ``Settings`` and ``ClientSettings`` field), cli.md (every ``chunlian`` parser),
 openapi.json (the app's schema), metrics.md (every metric the code defines) and alerts.md
 (every rule of deploy/prometheus/alerts.yml). ``tests/unit/test_docs.py`` fails when a
 committed page differs from what this writes.
@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,8 @@ def _cell(text: object) -> str:
 
 
 # ---- configuration ---------------------------------------------------------------------------
-# Environment variables that are not ``Settings`` fields: read by one command or process.
+# Environment variables that are neither ``Settings`` nor ``ClientSettings`` fields.
 OTHER_ENV = {
-    "CHUNLIAN_API_KEY": "The key `chunlian warmup` and `chunlian jobs` send as `X-API-Key` when `--api-key` is not given.",
-    "CHUNLIAN_URL": "The service `chunlian jobs` talks to when `--url` is not given.",
-    "CHUNLIAN_WORKER_ENGINE_URL": "Set on a `chunlian worker` (by `--engine-url` or `chunlian cluster`): the worker loads no "
-                                  "model and sends its items to this service's engine at bulk priority.",
     "GOMP_SPINCOUNT": "OpenMP's spin count; when set it wins over `CHUNLIAN_OMP_SPIN`.",
 }
 
@@ -91,8 +87,21 @@ def _serve_flags() -> dict[str, str]:
             if a.option_strings and a.help != argparse.SUPPRESS and a.dest != "help"}
 
 
+def _settings_table(fields: Iterable[tuple[str, Any]], flags: dict[str, str]) -> list[str]:
+    lines = ["| variable | type | default | allowed | `serve` flag | meaning |", "|---|---|---|---|---|---|"]
+    for name, field in fields:
+        meaning = field.description or ""  # an attribute docstring in chunlian.config (tests require one)
+        flag = flags.get(name)
+        lines.append(
+            f"| `CHUNLIAN_{name.upper()}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} | "
+            f"{_cell(_constraints(field.metadata))} | {f'`{flag}`' if flag else ''} | {_cell(meaning)} |"
+        )
+    return lines
+
+
 def configuration_md() -> str:
-    from chunlian.config import Settings
+    from chunlian.config import ClientSettings, Settings
+    from chunlian.config.subconfigs import SUBCONFIGS
 
     flags = _serve_flags()
     lines = [
@@ -102,16 +111,14 @@ def configuration_md() -> str:
         "are validated at start-up: a bad value stops the process with a message naming the setting,",
         "what was expected and what came. Which ones to change first: [the README](../../README.md#settings);",
         "how they interact under load: [performance and tuning](../performance.md).", "",
-        "| variable | type | default | allowed | `serve` flag | meaning |",
-        "|---|---|---|---|---|---|",
+        "The settings come in five parts (`chunlian.config.subconfigs`), each of them a model of",
+        "its own that the code is handed (`settings.engine`, `settings.cache`, ...).",
     ]
-    for name, field in Settings.model_fields.items():
-        meaning = field.description or ""  # an attribute docstring in config.py (tests require one)
-        flag = flags.get(name)
-        lines.append(
-            f"| `CHUNLIAN_{name.upper()}` | {_cell(_type_name(field.annotation))} | {_cell(_default(field))} | "
-            f"{_cell(_constraints(field.metadata))} | {f'`{flag}`' if flag else ''} | {_cell(meaning)} |"
-        )
+    for part, cls in SUBCONFIGS.items():
+        lines += ["", f"## {'HTTP' if part == 'http' else part.capitalize()} (`settings.{part}`)", "", (cls.__doc__ or "").strip(), ""]
+        lines += _settings_table(((n, Settings.model_fields[n]) for n in cls.model_fields), flags)
+    lines += ["", "## Clients", "", "Read by the commands that talk to a running service.", ""]
+    lines += _settings_table(ClientSettings.model_fields.items(), {})
     lines += ["", "## Other environment variables", "", "| variable | meaning |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in OTHER_ENV.items()]
     return "\n".join(lines) + "\n"

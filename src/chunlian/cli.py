@@ -8,7 +8,6 @@ registered explicitly by ``build_parser``. Shared flags and types: ``chunlian.cl
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -77,10 +76,12 @@ def _apply_quality(args: argparse.Namespace) -> None:
 
 
 def _generator(args: argparse.Namespace) -> Any:
+    from chunlian.config import load_settings
     from chunlian.offline import OfflineGenerator
 
     return OfflineGenerator.load(
         args.model_path, args.device, capacity=args.batch_size, beam_width=getattr(args, "beam", 1),
+        blocklist=load_settings().generation_blocklist(),  # the bans the service applies
         channel_weight=getattr(args, "channel", 0.0),
         rescore=tuple(getattr(args, "rescore", None) or ()), rescore_weight=getattr(args, "rescore_weight", 0.0),
     )
@@ -189,11 +190,11 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     import asyncio
 
     from chunlian.api.warmup import read_warmup_file, warmup_remote
-    from chunlian.config import DEFAULT_WARMUP
+    from chunlian.config import DEFAULT_WARMUP, load_client_settings
 
     items = read_warmup_file(Path(args.file)) if args.file else list(DEFAULT_WARMUP)
     t0 = time.perf_counter()
-    key = args.api_key or os.environ.get("CHUNLIAN_API_KEY") or None
+    key = args.api_key or load_client_settings().api_key
     bar = None
     if not args.no_progress:
         from tqdm import tqdm

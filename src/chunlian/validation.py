@@ -21,7 +21,9 @@ from chunlian.types import CoupletRequest, DecodeParams, Priority
 StyleName = Literal["traditional", "business", "family", "literary"]
 
 MAX_BATCH_ITEMS = 256
-MAX_CANDIDATES = 8
+MAX_CANDIDATES = 8  # a request's n: sampled candidates
+MIN_TIMEOUT_MS = 10  # a request's timeout_ms, and the service's default for it
+MAX_TIMEOUT_MS = 600_000
 MAX_RAW_TEXT = 1024  # characters before normalisation; the line rules apply after it
 MAX_SEED = 2**63 - 1
 
@@ -73,7 +75,8 @@ class _Decoding(BaseModel):
     seed: int | None = Field(None, ge=0, le=MAX_SEED, description="Sample with this seed (null: greedy).")
     regenerate: bool = Field(False, description="Sample afresh with a new seed, bypassing the cache.")
     timeout_ms: int | None = Field(
-        None, ge=10, le=600_000, description="Deadline including queue time (null: server default)."
+        None, ge=MIN_TIMEOUT_MS, le=MAX_TIMEOUT_MS,
+        description="Deadline including queue time (null: server default).",
     )
 
     def _params(self) -> DecodeParams:

@@ -1,7 +1,7 @@
 """Bulk jobs on real Celery workers and the real Redis (db 11), through real HTTP.
 
-Workers are real processes (``python -m chunlian.cli worker``) started by the tests, each
-in its own process session so that a whole worker (main process and pool) can be SIGKILLed,
+Workers are real processes (``chunlian worker`` with the test hooks of ``hooked_worker``)
+started by the tests, each in its own process session so that a whole worker (main process and pool) can be SIGKILLed,
 and always killed in ``finally``. The queue name is unique to this test run, and only this run's
 keys are deleted from db 11, so a concurrent run is not disturbed.
 
@@ -32,8 +32,9 @@ from chunlian.data.samples import sample_uppers
 from chunlian.errors import InvalidInput
 from chunlian.jobs.items import MAX_JOB_ITEMS
 from chunlian.jobs.redis_store import job_keys
-from chunlian.jobs.worker import HANG_TEXT, MAX_TRIES, POISON_TEXT
+from chunlian.jobs.worker import MAX_TRIES
 from chunlian.text import is_han, validate_upper
+from tests.integration.hooked_worker import HANG_TEXT, POISON_TEXT
 from tests.integration.live_server import LiveServer, model_path
 from tests.unit.api_fakes import FakeEngine
 from tests.unit.test_api_routes import assert_error
@@ -85,7 +86,8 @@ class Worker:
     def start(self) -> Worker:
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--log-level", "INFO"],
+            [sys.executable, "-m", "tests.integration.hooked_worker", "worker", "--concurrency", "1",
+             "--log-level", "INFO"],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
         )
         log.close()

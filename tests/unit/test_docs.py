@@ -54,18 +54,19 @@ def test_generated_reference_page_is_current(page: str, rendered: dict[str, str]
 
 
 def test_configuration_reference_has_every_setting_with_a_description(rendered: dict[str, str]) -> None:
-    from chunlian.config import Settings
+    from chunlian.config import ClientSettings, Settings
 
     page = rendered["configuration.md"]
-    for name, field in Settings.model_fields.items():
+    for name, field in [*Settings.model_fields.items(), *ClientSettings.model_fields.items()]:
         assert (field.description or "").strip(), f"Settings.{name} needs a docstring (the reference's text)"
         assert f"| `CHUNLIAN_{name.upper()}` |" in page
 
 
 def _documented_env_names() -> set[str]:
-    from chunlian.config import Settings
+    from chunlian.config import ClientSettings, Settings
 
-    return {f"CHUNLIAN_{n.upper()}" for n in Settings.model_fields} | set(gen.OTHER_ENV)
+    fields = [*Settings.model_fields, *ClientSettings.model_fields]
+    return {f"CHUNLIAN_{n.upper()}" for n in fields} | set(gen.OTHER_ENV)
 
 
 def test_every_chunlian_variable_named_in_code_or_docs_exists() -> None:

@@ -167,3 +167,27 @@ def test_a_prefix_nobody_can_reach_is_named(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(nginx.os, "geteuid", lambda: 1000)
     shut.chmod(0o700)
     assert nginx.page_cache_blocker(shut / "inside" / "nginx") is None  # not root: workers are us
+
+
+def test_cli_takes_the_instances_limits_from_their_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHUNLIAN_BODY_LIMIT_BYTES", "2048")
+    monkeypatch.setenv("CHUNLIAN_DEFAULT_TIMEOUT_MS", "45000")  # longer than nginx's own 30 s
+    ok = _cli()
+    assert ok.returncode == 0, ok.stderr
+    assert "client_max_body_size 2048;" in ok.stdout and "proxy_read_timeout 50s;" in ok.stdout
+    monkeypatch.setenv("CHUNLIAN_BODY_LIMIT_BYTES", "12")
+    bad = _cli()
+    assert bad.returncode == 2 and "CHUNLIAN_BODY_LIMIT_BYTES" in bad.stderr and "'12'" in bad.stderr
+
+
+def test_the_cluster_reads_the_settings_it_passes_on(tmp_path: Path) -> None:
+    from chunlian.cluster.launcher import ClusterSpec
+    from chunlian.cluster.spec import nginx_config
+
+    env = {"CHUNLIAN_BODY_LIMIT_BYTES": "4096", "CHUNLIAN_CORS_ORIGINS": "https://fu.example.com"}
+    cfg, _ = nginx_config(ClusterSpec(), env, [9001], tmp_path, dict)
+    assert (cfg.body_limit_bytes, cfg.cors_origins, cfg.deadline_s) == (4096, ("https://fu.example.com",), 30.0)
+    with pytest.raises(ConfigError, match="CHUNLIAN_CORS_ORIGINS"):
+        nginx_config(ClusterSpec(), {"CHUNLIAN_CORS_ORIGINS": "fu.example.com"}, [9001], tmp_path, dict)
+    with pytest.raises(ConfigError, match="body_limit_bytes"):
+        render(_cfg(tmp_path, body_limit_bytes=1000))

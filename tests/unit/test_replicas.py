@@ -217,7 +217,7 @@ def test_replica_count_is_validated_and_resolved() -> None:
 
 
 def test_auto_replicas_fit_explicit_torch_threads_into_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    from chunlian import config
+    from chunlian.config import subconfigs as config
 
     monkeypatch.setattr(config, "usable_cores", lambda: 2)
     auto = {t: load_settings(engine_replicas=0, torch_threads=t, device="cpu") for t in (0, 1, 2, 3)}

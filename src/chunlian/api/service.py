@@ -24,8 +24,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from chunlian.cache import ResultCache, cache_key
+from chunlian.config import EngineSettings
 from chunlian.errors import Cancelled, DeadlineExceeded
 from chunlian.types import CoupletRequest, CoupletResult
+
+# a request's deadline when it sets none: CHUNLIAN_DEFAULT_TIMEOUT_MS's default, unless given
+DEFAULT_TIMEOUT_S = EngineSettings.defaults().default_timeout_ms / 1000.0
 
 
 class EngineLike(Protocol):
@@ -69,7 +73,7 @@ class Answer:
 class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
-    def __init__(self, engine: EngineLike, cache: ResultCache, default_timeout_s: float = 30.0,
+    def __init__(self, engine: EngineLike, cache: ResultCache, default_timeout_s: float = DEFAULT_TIMEOUT_S,
                  rules_tag: str = "") -> None:
         self.engine = engine
         self.cache = cache

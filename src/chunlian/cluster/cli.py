@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
@@ -28,18 +27,20 @@ def _ports(text: str) -> list[int]:
 
 
 def _print_config(args: argparse.Namespace) -> int:
-    from chunlian.cluster.nginx import NginxConfig, env_origins, render
+    from chunlian.cluster.nginx import NginxConfig, front_deadline_s, render
+    from chunlian.config import load_settings
     from chunlian.errors import ConfigError
 
     if not args.upstream:
         raise ConfigError("--print-nginx-config needs at least one --upstream HOST:PORT")
+    settings = load_settings()  # the instances' (the environment's) limits and origins
     cfg = NginxConfig(
         upstreams=tuple(args.upstream),
         prefix=Path(args.prefix or "/var/lib/chunlian-nginx"),
         listen=f"{args.host}:{args.port}" if args.host else str(args.port),
-        deadline_s=args.deadline_s or 30.0,
-        body_limit_bytes=int(os.environ.get("CHUNLIAN_BODY_LIMIT_BYTES") or 1_000_000),
-        cors_origins=env_origins(os.environ),
+        deadline_s=args.deadline_s or front_deadline_s(settings.default_timeout_ms),
+        body_limit_bytes=settings.body_limit_bytes,
+        cors_origins=settings.cors_origins,
         worker_processes=args.nginx_workers,
         **_rate_limit(args),
     )
@@ -84,6 +85,7 @@ def _cluster(args: argparse.Namespace) -> int:
         return _print_config(args)
     from chunlian.cluster.launcher import DEFAULT_REDIS_URL, Cluster, ClusterSpec
     from chunlian.cluster.supervisor import Supervisor
+    from chunlian.config import load_settings
 
     def say(msg: str) -> None:
         print(f"chunlian cluster: {msg}", file=sys.stderr, flush=True)
@@ -93,7 +95,7 @@ def _cluster(args: argparse.Namespace) -> int:
         port=args.port,
         host=args.host or "127.0.0.1",
         workers=args.workers,
-        redis_url=args.redis_url or os.environ.get("CHUNLIAN_REDIS_URL") or DEFAULT_REDIS_URL,
+        redis_url=args.redis_url or load_settings().redis_url or DEFAULT_REDIS_URL,
         broker_url=args.broker_url,
         torch_threads=args.torch_threads,
         instance_ports=args.instance_ports or (),

@@ -1,15 +1,11 @@
 """What each child of ``chunlian cluster`` runs, and with which environment: the worker's
-and the nginx exporter's commands, the OpenMP spin of model-running processes, and the
-service settings the launcher reads from the environment it passes on."""
+and the nginx exporter's commands, and the OpenMP spin of model-running processes."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from chunlian.errors import ConfigError
 
 WORKER_READY = " ready."  # Celery's log line once a worker consumes ("celery@host ready.")
 
@@ -28,12 +24,6 @@ def exporter_command(status_url: str, listen: str, access_log: Path | None) -> l
     return cmd
 
 
-def _setting_default(name: str) -> Any:
-    from chunlian.config import Settings
-
-    return Settings.model_fields[name].default
-
-
 def spin_env(env: Mapping[str, str], instances: int, workers: int) -> dict[str, str]:
     """The instances' OpenMP spin (``chunlian.omp``): bounded when several model-running
     processes share this machine's cores, unless ``CHUNLIAN_OMP_SPIN`` says otherwise; a
@@ -41,14 +31,3 @@ def spin_env(env: Mapping[str, str], instances: int, workers: int) -> dict[str, 
     if env.get("CHUNLIAN_OMP_SPIN") or (instances < 2 and workers < 1):
         return {}
     return {"CHUNLIAN_OMP_SPIN": "bounded"}
-
-
-def env_number(env: Mapping[str, str], name: str, cast: Callable[[str], Any]) -> Any:
-    key = f"CHUNLIAN_{name.upper()}"
-    raw = env.get(key)
-    if raw is None or raw == "":
-        return _setting_default(name)
-    try:
-        return cast(raw)
-    except ValueError:
-        raise ConfigError(f"{key}: expected a number, got {raw!r}") from None

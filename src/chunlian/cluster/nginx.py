@@ -37,8 +37,18 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from chunlian.config import parse_origins
+from chunlian.config import HttpSettings, parse_origins
 from chunlian.errors import ChunlianError, ConfigError
+
+# nginx lets a request ask for up to this long (its timeout_ms) at least, and longer when the
+# service's own default deadline is longer (front_deadline_s)
+DEFAULT_DEADLINE_S = 30.0
+
+
+def front_deadline_s(default_timeout_ms: int) -> float:
+    """The longest request deadline nginx allows, for a service whose default deadline is
+    ``default_timeout_ms`` (``CHUNLIAN_DEFAULT_TIMEOUT_MS``)."""
+    return max(DEFAULT_DEADLINE_S, default_timeout_ms / 1000.0)
 
 TEMPLATE_NAME = "nginx.conf.template"
 CONF_NAME = "nginx.conf"
@@ -61,11 +71,11 @@ class NginxConfig:
     prefix: Path  # pid, logs, temp files and the config itself live here
     listen: str = "127.0.0.1:8000"  # "port", "host:port" or "[v6]:port"
     listen_options: str = ""  # e.g. "backlog=4096 reuseport"
-    deadline_s: float = 30.0  # longest request deadline the service is allowed to use
+    deadline_s: float = DEFAULT_DEADLINE_S  # longest request deadline the service is allowed to use
     deadline_margin_s: float = 5.0  # nginx waits this much longer than the deadline
     connect_timeout_s: float = 2.0
     send_timeout_s: float = 10.0
-    body_limit_bytes: int = 1_000_000  # = CHUNLIAN_BODY_LIMIT_BYTES
+    body_limit_bytes: int = HttpSettings.defaults().body_limit_bytes  # = CHUNLIAN_BODY_LIMIT_BYTES
     worker_processes: str = "auto"
     worker_connections: int = 4096
     upstream_keepalive: int = 32  # idle connections per nginx worker
@@ -108,8 +118,10 @@ class NginxConfig:
             raise ConfigError(f"listen must be PORT or HOST:PORT, got {listen!r}")
         if self.deadline_s <= 0 or self.deadline_margin_s <= 0:
             raise ConfigError("deadline_s and deadline_margin_s must be positive")
-        if self.body_limit_bytes < 1024:
-            raise ConfigError(f"body_limit_bytes must be at least 1024, got {self.body_limit_bytes}")
+        try:
+            HttpSettings.check(body_limit_bytes=self.body_limit_bytes)  # the service's bounds
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if not re.fullmatch(r"auto|[1-9][0-9]*", str(self.worker_processes)):
             raise ConfigError(f"worker_processes must be 'auto' or a positive number, got {self.worker_processes!r}")
         self._validate_rate_limit()
@@ -233,14 +245,6 @@ def render(cfg: NginxConfig) -> str:
         "page_expires": f"{cfg.page_cache_s}s" if cfg.page_cache_s else "off",
     }
     return fill(template_text(), values)
-
-
-def env_origins(env: Mapping[str, str]) -> tuple[str, ...]:
-    """``CHUNLIAN_CORS_ORIGINS`` from ``env`` (what the instances will allow), validated."""
-    try:
-        return parse_origins(env.get("CHUNLIAN_CORS_ORIGINS", ""))
-    except ValueError as e:
-        raise ConfigError(f"CHUNLIAN_CORS_ORIGINS: {e}") from None
 
 
 def _cors_entries(origins: tuple[str, ...]) -> str:

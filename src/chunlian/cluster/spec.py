@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chunlian.cluster.commands import env_number
-from chunlian.cluster.nginx import NginxConfig, env_origins, page_cache_blocker
+from chunlian.cluster.nginx import NginxConfig, front_deadline_s, page_cache_blocker
 from chunlian.cluster.procs import free_port
+from chunlian.config import load_settings
 from chunlian.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -41,7 +41,7 @@ class ClusterSpec:
     stop_grace_s: float = 15.0
     nginx: str | None = None  # the nginx binary; default: on PATH or /usr/sbin/nginx
     nginx_worker_processes: str = "auto"
-    deadline_s: float | None = None  # default: max(30 s, the service's default deadline)
+    deadline_s: float | None = None  # default: nginx.front_deadline_s of the service's default deadline
     access_log: bool = True
     # False: workers load no model and send their items through nginx to the instances'
     # engines at bulk priority (CHUNLIAN_WORKER_ENGINE_URL; docs/guides/bulk-jobs.md: a worker with its
@@ -138,15 +138,16 @@ def nginx_config(
 ) -> tuple[NginxConfig, Path | None]:
     """nginx in front of the instances on ``ports``, and what blocks its page cache (the
     config then has the page cache off), or None. ``options`` (more ``NginxConfig`` fields)
-    is called once the environment's settings are read, so a bad one fails first."""
-    default_timeout_s = env_number(env, "default_timeout_ms", int) / 1000.0
+    is called once the settings ``env`` gives the instances are read (all of them, so a
+    bad one fails first)."""
+    settings = load_settings(environ=env)
     cfg = NginxConfig(
         upstreams=tuple(f"{spec.instance_host}:{p}" for p in ports),
         prefix=prefix / "nginx",
         listen=f"{spec.host}:{spec.port}",
-        deadline_s=spec.deadline_s or max(30.0, default_timeout_s),
-        body_limit_bytes=env_number(env, "body_limit_bytes", int),
-        cors_origins=env_origins(env),
+        deadline_s=spec.deadline_s or front_deadline_s(settings.default_timeout_ms),
+        body_limit_bytes=settings.body_limit_bytes,
+        cors_origins=settings.cors_origins,
         worker_processes=spec.nginx_worker_processes,
         access_log=spec.access_log,
         **options(),

@@ -30,7 +30,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from chunlian.config import EngineSettings
 from chunlian.types import BatchingMode, Priority
+
+KNOBS = EngineSettings.defaults()  # the engine knobs' defaults
 
 
 @dataclass
@@ -64,12 +67,14 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_batch_size: int = 128  # as EngineConfig.max_batch_size (the engine passes its config)
-    max_wait_ms: float = 5.0
-    max_queue_size: int = 1024
-    batching: BatchingMode = "continuous"
-    bulk_min_share: float = 0.125
-    min_prefill_seqs: int = 0  # 0 = auto: max(1, max_batch_size // 8)
+    """The engine knobs the scheduler reads; their defaults and bounds are ``EngineSettings``'."""
+
+    max_batch_size: int = KNOBS.max_batch_size  # the engine passes its config's
+    max_wait_ms: float = KNOBS.max_wait_ms
+    max_queue_size: int = KNOBS.max_queue_size
+    batching: BatchingMode = KNOBS.batching
+    bulk_min_share: float = KNOBS.bulk_min_share
+    min_prefill_seqs: int = KNOBS.min_prefill_seqs  # 0 = auto: max(1, max_batch_size // 8)
 
     @property
     def prefill_group(self) -> int:
@@ -77,14 +82,11 @@ class SchedulerConfig:
         return min(self.max_batch_size, self.min_prefill_seqs or auto)
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_queue_size < 1:
-            raise ValueError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
-        if self.min_prefill_seqs < 0:
-            raise ValueError(f"min_prefill_seqs must be >= 0, got {self.min_prefill_seqs}")
-        if not 0.0 <= self.bulk_min_share <= 1.0:
-            raise ValueError(f"bulk_min_share must be in [0, 1], got {self.bulk_min_share}")
+        EngineSettings.check(
+            max_batch_size=self.max_batch_size, max_wait_ms=self.max_wait_ms,
+            max_queue_size=self.max_queue_size, batching=self.batching,
+            bulk_min_share=self.bulk_min_share, min_prefill_seqs=self.min_prefill_seqs,
+        )
 
 
 def bulk_rows(rows: int, share: float) -> int:

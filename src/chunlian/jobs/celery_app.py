@@ -92,11 +92,12 @@ def make_celery(settings: Settings, *, worker: bool = False) -> Celery:
 _app: Celery | None = None
 
 
-def get_app() -> Celery:
-    """The worker's app, from the environment (created once)."""
+def get_app(settings: Settings | None = None) -> Celery:
+    """The worker's app (created once): for ``settings`` (``chunlian worker``'s, its flags
+    applied), else for the environment's."""
     global _app
     if _app is None:
-        _app = make_celery(load_settings(), worker=True)
+        _app = make_celery(settings if settings is not None else load_settings(), worker=True)
     return _app
 
 

@@ -29,7 +29,6 @@ from chunlian.cliargs import add_log_level, add_no_progress, hidden_alias, whole
 from chunlian.jobs.items import MAX_JOB_ITEMS, response_error
 from chunlian.retry import MAX_RETRIES, RETRY_STATUSES, retry_after_s
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 CSV_FIELDS = ("index", "status", "upper", "lower", "hengpi", "style", "model", "error_code", "error")
 _COLUMNS = {"upper", "heads", "keyword", "length", "style", "n", "seed"}
 _INT_COLUMNS = {"length", "n", "seed"}
@@ -87,6 +86,11 @@ def _http_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
     def run(args: argparse.Namespace) -> int:
         import httpx
 
+        from chunlian.config import load_client_settings
+
+        client = load_client_settings()  # what the flags leave unsaid
+        args.url = args.url or client.url
+        args.api_key = args.api_key or client.api_key
         try:
             return fn(args)
         except httpx.TransportError as e:
@@ -98,9 +102,8 @@ def _http_command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse
 def _client(args: argparse.Namespace) -> Any:
     import httpx
 
-    key = args.api_key or os.environ.get("CHUNLIAN_API_KEY")
     return httpx.Client(base_url=args.url.rstrip("/"), timeout=args.timeout_s, transport=_polite_transport(),
-                        headers={"X-API-Key": key} if key else {})
+                        headers={"X-API-Key": args.api_key} if args.api_key else {})
 
 
 def _error_text(r: Any, first_line: int = 1) -> str:
@@ -291,18 +294,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from chunlian.config import load_settings
     from chunlian.omp import set_spin_wait
 
+    settings = load_settings(broker_url=args.broker_url, job_queue=args.queue,
+                             worker_engine_url=args.engine_url)
     # before anything imports torch: a worker shares its cores (chunlian.omp says why)
-    set_spin_wait(load_settings().omp_spin, shared=True)
-    if args.broker_url:
-        os.environ["CHUNLIAN_BROKER_URL"] = args.broker_url
-    if args.queue:
-        os.environ["CHUNLIAN_JOB_QUEUE"] = args.queue
-    if args.engine_url:
-        os.environ["CHUNLIAN_WORKER_ENGINE_URL"] = args.engine_url
+    set_spin_wait(settings.omp_spin, shared=True)
     from chunlian.jobs.celery_app import get_app
 
-    app = get_app()  # ConfigError (exit 2) without a broker
-    settings = app.chunlian_settings
+    app = get_app(settings)  # ConfigError (exit 2) without a broker; the pool's processes fork from here
     if settings.worker_nice:  # the pool's processes are forked from this one: they inherit it
         os.nice(settings.worker_nice)
     argv = [
@@ -315,8 +313,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("CHUNLIAN_URL", DEFAULT_URL),
-                   help=f"the service (default: $CHUNLIAN_URL or {DEFAULT_URL})")
+    p.add_argument("--url", default=None,
+                   help="the service (default: $CHUNLIAN_URL or http://127.0.0.1:8000)")
     p.add_argument("--api-key", default=None, help="X-API-Key (default: $CHUNLIAN_API_KEY)")
     p.add_argument("--timeout-s", type=float, default=60.0, help="seconds per HTTP request (default 60)")
     hidden_alias(p, "--timeout", "timeout_s", type=float)

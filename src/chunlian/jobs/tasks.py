@@ -56,13 +56,13 @@ def executor() -> Executor:
         from chunlian.jobs.worker import HttpExecutor, LocalExecutor
 
         s = app.chunlian_settings
-        url = os.environ.get("CHUNLIAN_WORKER_ENGINE_URL")
+        url = s.worker_engine_url
         if url:  # the instance's engine: at most its bulk share per request, so that this
             # worker never fills the batch that interactive requests share
             keys = sorted(s.api_key_set)
             share = max(1, bulk_rows(s.max_batch_size, s.bulk_min_share))  # one at least
             _executor = HttpExecutor(url, share, s.job_soft_time_limit_s,
-                                     api_key=keys[0] if keys else None)
+                                     api_key=keys[0] if keys else None, blocklist=s.generation_blocklist())
             log.info("worker %d sends items to %s (%d at a time)", os.getpid(), url, share)
         else:
             _executor = LocalExecutor.from_settings(s)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,7 +40,6 @@ from chunlian.jobs.items import (
     failed_entry,
     request_of,
     response_error,
-    spec_text,
 )
 from chunlian.jobs.quality import QUALITY_SUB_BATCH, QualityModel, is_quality
 from chunlian.jobs.store import JobStore
@@ -51,41 +49,30 @@ log = logging.getLogger("chunlian.jobs")
 
 MAX_TRIES = 3  # tries per item, the first included
 
-# ---- test-only hooks (active only when their env var is set in the worker) ---------------
-POISON_TEXT = "毒药毒药毒药毒"  # CHUNLIAN_TEST_POISON=1: the model call raises on this item
-HANG_TEXT = "长眠不醒长眠不醒"  # CHUNLIAN_TEST_HANG=1: the model call hangs, ignoring the soft limit
+# ---- hooks around the model calls: none by default; the integration tests install theirs
+# before the worker starts (tests/integration/hooked_worker.py: a poison item, a hang, a gate)
+def _no_hook(*_: object) -> None:
+    return None
 
 
-class PoisonError(RuntimeError):
-    """Raised by the test poison hook (simulates an input that crashes the model call)."""
+@dataclass
+class WorkerHooks:
+    """Called before each model call (with its specs) and before each sub-batch of a chunk
+    (job id, the sub-batch's first item index, the store)."""
+
+    before_run: Callable[[Sequence[Spec]], None] = _no_hook
+    between_batches: Callable[[str, int, JobStore], None] = _no_hook
+
+
+HOOKS = WorkerHooks()  # the pool's processes fork from the worker's: they inherit these
 
 
 def _hooks_before_run(specs: Sequence[Spec]) -> None:
-    texts = {spec_text(s) for s in specs}
-    if os.environ.get("CHUNLIAN_TEST_POISON") == "1" and POISON_TEXT in texts:
-        raise PoisonError("test poison item")
-    if os.environ.get("CHUNLIAN_TEST_HANG") == "1" and HANG_TEXT in texts:
-        from celery.exceptions import SoftTimeLimitExceeded
-
-        while True:  # a stuck native call: only the hard time limit ends it
-            try:
-                time.sleep(3600)
-            except SoftTimeLimitExceeded:
-                continue
+    HOOKS.before_run(specs)
 
 
 def _hooks_between_batches(job_id: str, first_index: int, store: JobStore) -> None:
-    """CHUNLIAN_TEST_GATE=<redis key>: every sub-batch but a job's first waits (up to 120 s)
-    while that key exists in the store's Redis; CHUNLIAN_TEST_DELAY_S: sleep per sub-batch."""
-    gate = os.environ.get("CHUNLIAN_TEST_GATE")
-    r = getattr(store, "r", None)
-    if gate and r is not None and first_index > 0:
-        deadline = time.monotonic() + 120
-        while r.exists(gate) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    delay = float(os.environ.get("CHUNLIAN_TEST_DELAY_S", "0") or 0)
-    if delay > 0:
-        time.sleep(delay)
+    HOOKS.between_batches(job_id, first_index, store)
 
 
 # ---- executors ------------------------------------------------------------------------------
@@ -171,7 +158,7 @@ class HttpExecutor:
     """A serving instance's engine over HTTP (``/v1/couplets/batch``, bulk priority)."""
 
     def __init__(self, base_url: str, batch_size: int = 64, timeout_s: float = 60.0,
-                 api_key: str | None = None, client: Any = None) -> None:
+                 api_key: str | None = None, client: Any = None, blocklist: Any = None) -> None:
         import httpx
 
         logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per request
@@ -180,8 +167,9 @@ class HttpExecutor:
                                              headers=headers)
         self.batch_size = min(batch_size, 256)
         # the serving instance has no quality mode: this process runs it (``jobs.quality``),
-        # on the instance's machine, so only on cores the instance leaves idle
-        self.quality = QualityModel(idle=True)
+        # on the instance's machine, so only on cores the instance leaves idle; ``blocklist``:
+        # the bans on its text (``Settings.generation_blocklist``, as the instance's)
+        self.quality = QualityModel(blocklist=blocklist, idle=True)
 
     def run(self, specs: Sequence[Spec]) -> list[Outcome]:
         _hooks_before_run(specs)

@@ -1,7 +1,11 @@
-"""One typed settings object for the whole service, read from ``CHUNLIAN_*`` env vars.
+"""The five parts of the service's settings, each knob declared once, here: its type,
+default, bounds and description (the configuration reference's text). A field ``name`` is
+the environment variable ``CHUNLIAN_<NAME>``; names are unique across the parts.
 
-Validated where it is created: a bad value fails start-up with a ``ConfigError`` that says
-which setting, what was expected and what arrived.
+``Settings`` (``chunlian.config``) is made of these parts and reads them from the
+environment; each part is also a model of its own (``settings.engine``), which is what a
+layer that needs only that part is given: ``EngineConfig`` takes its defaults and bounds
+from ``EngineSettings``.
 """
 
 from __future__ import annotations
@@ -11,14 +15,13 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, get_args
 
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from pydantic_settings.exceptions import SettingsError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import NoDecode
 
-from chunlian.errors import ConfigError
 from chunlian.omp import SpinPolicy, usable_cores
+from chunlian.validation import MAX_TIMEOUT_MS, MIN_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from chunlian.data.blocklist import Blocklist
@@ -27,7 +30,6 @@ DEFAULT_WARMUP = (
     "新春", "平安", "发财", "福", "吉祥", "如意",
     "春回大地千山秀", "一帆风顺年年好", "天增岁月人增寿", "爆竹声声辞旧岁", "生意兴隆通四海",
 )
-
 
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-]+(:\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:\d{1,5})?")
 
@@ -46,20 +48,44 @@ def parse_origins(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     return origins
 
 
+def _redis_url(v: str | None) -> str | None:
+    if v in (None, ""):
+        return None
+    if not v.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"expected a redis:// or rediss:// URL, got {v!r}")
+    return v
+
+
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_LEVELS: tuple[str, ...] = get_args(LogLevel)
 
 
-class Settings(BaseSettings):
-    """Service settings; every field maps to ``CHUNLIAN_<NAME>`` (case-insensitive)."""
+class SubConfig(BaseModel):
+    """One part of the settings: frozen, each attribute docstring the knob's description."""
 
-    model_config = SettingsConfigDict(env_prefix="CHUNLIAN_", extra="ignore", frozen=True,
-                                      use_attribute_docstrings=True)  # the reference's descriptions
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
-    host: str = "127.0.0.1"
-    """Address to listen on."""
-    port: int = Field(8000, ge=0, le=65535)
-    """TCP port to listen on."""
+    @classmethod
+    def defaults(cls) -> Self:
+        """The part with every knob at its default."""
+        return cls.model_validate({})
+
+    @classmethod
+    def check(cls, **values: Any) -> None:
+        """Raise ``ValueError`` naming the first of ``values`` outside its knob's declared
+        type or bounds (for configurations built from these knobs without the environment)."""
+        try:
+            cls.model_validate(values)
+        except ValidationError as e:
+            err = e.errors()[0]
+            name = ".".join(str(x) for x in err["loc"])
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            raise ValueError(f"{name}: {msg}, got {err.get('input')!r}" if name else msg) from None
+
+
+class EngineSettings(SubConfig):
+    """The model, the engine's batching and the rules of what it writes."""
+
     model_path: Path | None = None  # None: the weights shipped in the package
     """Weights to serve: a `.safetensors` file written by `chunlian train`; unset: the shipped weights."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
@@ -77,7 +103,6 @@ class Settings(BaseSettings):
     # (one GPU, one engine)
     engine_replicas: int = Field(0, ge=0, le=64)
     """Engine processes behind one dispatcher, each with its share of the cores, batch rows and queue; 0: one per usable core on a CPU (at most 8), 1 on cuda."""
-
     batching: Literal["continuous", "static"] = "continuous"
     """`continuous` (sequences join and leave the batch at every step) or `static` (one padded batch at a time; a baseline)."""
     # 128: under a saturating load (c=128, an AMD EPYC Zen 4 host) 128 rows gave +17% over
@@ -89,13 +114,9 @@ class Settings(BaseSettings):
     """How long an idle engine waits for companions before it starts a batch."""
     max_queue_size: int = Field(1024, ge=1, le=1_000_000)
     """Requests waiting for a batch row before new ones get 429 `overloaded`."""
-    default_timeout_ms: int = Field(10_000, ge=10, le=600_000)
+    # the bounds are those of a request's own timeout_ms (chunlian.validation)
+    default_timeout_ms: int = Field(10_000, ge=MIN_TIMEOUT_MS, le=MAX_TIMEOUT_MS)
     """Deadline of a request that sets no `timeout_ms`, queue time included; past it: 504."""
-    # on SIGTERM, how long requests in flight may take to finish (api.drain); nginx lets a
-    # request ask for up to 30 s by default: Kubernetes' terminationGracePeriodSeconds
-    # (deploy/k8s) leaves room above it
-    drain_timeout_s: float = Field(30.0, ge=0, le=3600)
-    """On SIGTERM, how long requests in flight may take to finish before the instance exits."""
     # identical requests in flight share one generation (their answers would be the same);
     # false only for a baseline without it (``chunlian bench compare``'s "before")
     coalesce: bool = True
@@ -121,92 +142,11 @@ class Settings(BaseSettings):
     # when set, wins.
     omp_spin: SpinPolicy = "auto"
     """How long idle OpenMP threads spin: `full`, `bounded`, or `auto` (full for `chunlian serve`, bounded for workers and cluster instances). `GOMP_SPINCOUNT`, when set, wins."""
-    # once warm, move every object the start-up made (torch, the model, the framework: some
-    # 400,000) out of the cyclic garbage collector's reach (gc.freeze): a full collection
-    # then walks only what serving allocates instead of stopping the whole process (both
-    # threads: it holds the interpreter lock) for ~0.4 s on this 2-core host
-    gc_freeze: bool = True
-    """Once warm, exempt the start-up's objects from Python's cyclic garbage collector (shorter pauses)."""
-    # a `chunlian worker` process (and its pool) runs this much nicer: bulk work yields the
-    # cores to interactive instances on the same machine and takes them all when those idle
-    worker_nice: int = Field(10, ge=0, le=19)
-    """How much nicer a `chunlian worker` process runs, so bulk jobs yield the cores to interactive instances."""
-
     # the lunar year generated lines may name by its zodiac animal (model.zodiac: 金猴献岁
     # is a Monkey year's line, wrong for a Goat-year campaign): 0 = the coming Spring
     # Festival's, from the date at start-up; -1 = no zodiac rule
     zodiac_year: int = Field(0, ge=-1, le=2200)
     """Lunar year whose zodiac animal generated lines may name (other years' are banned); 0: the coming Spring Festival's; -1: no rule. Part of every cache key."""
-
-    cache_size: int = Field(100_000, ge=0)
-    """Entries of the in-process LRU result cache; 0 turns it off."""
-    cache_ttl_s: int = Field(7 * 24 * 3600, ge=1)
-    """How long cached answers live (in-process and Redis)."""
-    redis_url: str | None = None
-    """Shared result cache, e.g. `redis://127.0.0.1:6379/0`; unset: in-process cache only."""
-    broker_url: str | None = None
-    """Celery broker (and job store) for bulk jobs, e.g. `redis://127.0.0.1:6379/1`; unset: jobs run inside the instance."""
-    job_result_ttl_s: int = Field(7 * 24 * 3600, ge=1)
-    """How long a bulk job and its results are kept."""
-    job_soft_time_limit_s: float = Field(30.0, gt=0)
-    """Soft time limit of one Celery task (a chunk of a job's items)."""
-    job_hard_time_limit_s: float = Field(60.0, gt=0)
-    """Hard time limit of one Celery task; must exceed the soft limit."""
-    job_chunk_size: int = Field(50, ge=1, le=10_000)  # items per Celery task
-    """Items per Celery task."""
-    job_queue: str = Field("chunlian.jobs", min_length=1, max_length=200)  # Celery queue name
-    """Name of the Celery queue bulk jobs go to."""
-    job_visibility_timeout_s: float | None = Field(None, gt=0)  # None: derived from the hard limit
-    """How long the broker waits before it hands an unacknowledged task to another worker; unset: derived from the hard limit."""
-    jobs_metrics_every_s: float = Field(15.0, ge=0.05, le=3600)  # how often /metrics' job gauges read the store
-    """How often the bulk-job gauges of `/metrics` read the job store."""
-    api_keys: str = ""  # comma-separated; empty: the bulk endpoints (jobs, batch) are open
-    """Comma-separated keys that `X-API-Key` must match on the bulk endpoints (`/v1/jobs`, `/v1/couplets/batch`); empty: open."""
-    # browser origins allowed to call the API from another site (a campaign page on a CDN):
-    # comma-separated "https://host[:port]", or "*"; empty: same origin only (no CORS headers)
-    cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
-    """Browser origins allowed to call the API from another site: comma-separated `https://host[:port]`, or `*`; empty: same origin only."""
-
-    body_limit_bytes: int = Field(1_000_000, ge=1024)
-    """Largest request body; larger ones get 413 `body_too_large`."""
-    log_level: LogLevel = "INFO"
-    """`DEBUG`, `INFO`, `WARNING` or `ERROR` (any case)."""
-    warmup: Annotated[tuple[str, ...], NoDecode] = DEFAULT_WARMUP  # comma-separated in env
-    """Comma-separated lines and keywords generated and cached at start-up, before `/readyz` turns ready."""
-    instance_id: str = Field(default_factory=lambda: f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    """Name of this instance in `X-Chunlian-Instance`, `/healthz` and logs; default: host name, process id and a random suffix."""
-
-    @field_validator("redis_url", "broker_url")
-    @classmethod
-    def _check_url(cls, v: str | None) -> str | None:
-        if v in (None, ""):
-            return None
-        if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"expected a redis:// or rediss:// URL, got {v!r}")
-        return v
-
-    @field_validator("log_level", mode="before")
-    @classmethod
-    def _upper_log_level(cls, v: object) -> object:
-        # ``--log-level warning`` is what uvicorn and most tools accept: the case is no error
-        if not isinstance(v, str):
-            return v
-        level = v.strip().upper()
-        if level not in LOG_LEVELS:  # said here, so that the message shows what was typed
-            raise ValueError(f"expected one of {', '.join(LOG_LEVELS)} (any case)")
-        return level
-
-    @field_validator("warmup", mode="before")
-    @classmethod
-    def _split_warmup(cls, v: object) -> object:
-        if isinstance(v, str):
-            return tuple(s.strip() for s in v.split(",") if s.strip())
-        return v
-
-    @field_validator("cors_origins", mode="before")
-    @classmethod
-    def _split_origins(cls, v: object) -> object:
-        return parse_origins(v) if isinstance(v, (str, list, tuple)) else v
 
     @field_validator("zodiac_year")
     @classmethod
@@ -214,6 +154,14 @@ class Settings(BaseSettings):
         if 0 < v < 1900:
             raise ValueError("expected a year from 1900 on, 0 (the coming Spring Festival's) or -1 (off)")
         return v
+
+    @model_validator(mode="after")
+    def _replicas_fit_the_batch(self) -> Self:
+        if self.engine_replicas > self.max_batch_size:
+            raise ValueError(
+                f"CHUNLIAN_ENGINE_REPLICAS must be at most CHUNLIAN_MAX_BATCH_SIZE ({self.max_batch_size}): "
+                f"each replica needs a batch row; got {self.engine_replicas}")
+        return self
 
     def resolved_zodiac_year(self, today: dt.date | None = None) -> int | None:
         """``zodiac_year`` with 0 resolved from ``today`` (default: the local date); None when off."""
@@ -237,10 +185,6 @@ class Settings(BaseSettings):
         """What, besides the model and the request, decides an answer (part of cache keys)."""
         year = self.resolved_zodiac_year()
         return "" if year is None else f"zodiac={year}"
-
-    @property
-    def api_key_set(self) -> frozenset[str]:
-        return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
 
     def resolved_torch_threads(self) -> int:
         """``torch_threads``, with 0 resolved to the machine's cores (at most 4)."""
@@ -276,28 +220,141 @@ class Settings(BaseSettings):
         return resolve_device(self.device)
 
 
-def load_settings(**overrides: object) -> Settings:
-    """Build settings from the environment plus ``overrides`` (CLI flags); never raises
-    pydantic errors, only ``ConfigError`` naming each bad setting."""
-    clean = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        s = Settings(**clean)  # type: ignore[arg-type]
-    except SettingsError as e:
-        raise ConfigError(f"invalid configuration: {e}") from None
-    except ValidationError as e:
-        parts = []
-        for err in e.errors():
-            name = ".".join(str(x) for x in err["loc"]) or "settings"
-            parts.append(f"CHUNLIAN_{name.upper()}: {err['msg']} (got {err.get('input')!r})")
-        raise ConfigError("invalid configuration: " + "; ".join(parts)) from None
-    if s.job_hard_time_limit_s <= s.job_soft_time_limit_s:
-        raise ConfigError(
-            f"CHUNLIAN_JOB_HARD_TIME_LIMIT_S must exceed the soft limit "
-            f"({s.job_soft_time_limit_s}), got {s.job_hard_time_limit_s}"
-        )
-    if s.engine_replicas > s.max_batch_size:
-        raise ConfigError(
-            f"CHUNLIAN_ENGINE_REPLICAS must be at most CHUNLIAN_MAX_BATCH_SIZE ({s.max_batch_size}): "
-            f"each replica needs a batch row; got {s.engine_replicas}"
-        )
-    return s
+class CacheSettings(SubConfig):
+    """The result cache: in-process, and shared through Redis."""
+
+    cache_size: int = Field(100_000, ge=0)
+    """Entries of the in-process LRU result cache; 0 turns it off."""
+    cache_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    """How long cached answers live (in-process and Redis)."""
+    redis_url: str | None = None
+    """Shared result cache, e.g. `redis://127.0.0.1:6379/0`; unset: in-process cache only."""
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, v: str | None) -> str | None:
+        return _redis_url(v)
+
+
+class JobsSettings(SubConfig):
+    """Bulk jobs: the Celery broker and job store, task limits and the workers."""
+
+    broker_url: str | None = None
+    """Celery broker (and job store) for bulk jobs, e.g. `redis://127.0.0.1:6379/1`; unset: jobs run inside the instance."""
+    job_result_ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    """How long a bulk job and its results are kept."""
+    job_soft_time_limit_s: float = Field(30.0, gt=0)
+    """Soft time limit of one Celery task (a chunk of a job's items)."""
+    job_hard_time_limit_s: float = Field(60.0, gt=0)
+    """Hard time limit of one Celery task; must exceed the soft limit."""
+    job_chunk_size: int = Field(50, ge=1, le=10_000)  # items per Celery task
+    """Items per Celery task."""
+    job_queue: str = Field("chunlian.jobs", min_length=1, max_length=200)  # Celery queue name
+    """Name of the Celery queue bulk jobs go to."""
+    job_visibility_timeout_s: float | None = Field(None, gt=0)  # None: derived from the hard limit
+    """How long the broker waits before it hands an unacknowledged task to another worker; unset: derived from the hard limit."""
+    jobs_metrics_every_s: float = Field(15.0, ge=0.05, le=3600)  # how often /metrics' job gauges read the store
+    """How often the bulk-job gauges of `/metrics` read the job store."""
+    # a `chunlian worker` process (and its pool) runs this much nicer: bulk work yields the
+    # cores to interactive instances on the same machine and takes them all when those idle
+    worker_nice: int = Field(10, ge=0, le=19)
+    """How much nicer a `chunlian worker` process runs, so bulk jobs yield the cores to interactive instances."""
+    worker_engine_url: str | None = None
+    """Set on a `chunlian worker` (by `--engine-url` or `chunlian cluster`): the worker loads no model and sends its items to this service's engine at bulk priority."""
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker_url(cls, v: str | None) -> str | None:
+        return _redis_url(v)
+
+    @field_validator("worker_engine_url")
+    @classmethod
+    def _check_engine_url(cls, v: str | None) -> str | None:
+        if v in (None, ""):
+            return None
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _hard_limit_above_soft(self) -> Self:
+        if self.job_hard_time_limit_s <= self.job_soft_time_limit_s:
+            raise ValueError(f"CHUNLIAN_JOB_HARD_TIME_LIMIT_S must exceed the soft limit "
+                             f"({self.job_soft_time_limit_s}), got {self.job_hard_time_limit_s}")
+        return self
+
+
+class HttpSettings(SubConfig):
+    """The web server: where it listens, what it accepts, how it starts and stops."""
+
+    host: str = "127.0.0.1"
+    """Address to listen on."""
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port to listen on."""
+    # on SIGTERM, how long requests in flight may take to finish (api.drain); nginx lets a
+    # request ask for up to 30 s by default: Kubernetes' terminationGracePeriodSeconds
+    # (deploy/k8s) leaves room above it
+    drain_timeout_s: float = Field(30.0, ge=0, le=3600)
+    """On SIGTERM, how long requests in flight may take to finish before the instance exits."""
+    api_keys: str = ""  # comma-separated; empty: the bulk endpoints (jobs, batch) are open
+    """Comma-separated keys that `X-API-Key` must match on the bulk endpoints (`/v1/jobs`, `/v1/couplets/batch`); empty: open."""
+    # browser origins allowed to call the API from another site (a campaign page on a CDN):
+    # comma-separated "https://host[:port]", or "*"; empty: same origin only (no CORS headers)
+    cors_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    """Browser origins allowed to call the API from another site: comma-separated `https://host[:port]`, or `*`; empty: same origin only."""
+    body_limit_bytes: int = Field(1_000_000, ge=1024)
+    """Largest request body; larger ones get 413 `body_too_large`."""
+    log_level: LogLevel = "INFO"
+    """`DEBUG`, `INFO`, `WARNING` or `ERROR` (any case)."""
+    warmup: Annotated[tuple[str, ...], NoDecode] = DEFAULT_WARMUP  # comma-separated in env
+    """Comma-separated lines and keywords generated and cached at start-up, before `/readyz` turns ready."""
+    # once warm, move every object the start-up made (torch, the model, the framework: some
+    # 400,000) out of the cyclic garbage collector's reach (gc.freeze): a full collection
+    # then walks only what serving allocates instead of stopping the whole process (both
+    # threads: it holds the interpreter lock) for ~0.4 s on this 2-core host
+    gc_freeze: bool = True
+    """Once warm, exempt the start-up's objects from Python's cyclic garbage collector (shorter pauses)."""
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_log_level(cls, v: object) -> object:
+        # ``--log-level warning`` is what uvicorn and most tools accept: the case is no error
+        if not isinstance(v, str):
+            return v
+        level = v.strip().upper()
+        if level not in LOG_LEVELS:  # said here, so that the message shows what was typed
+            raise ValueError(f"expected one of {', '.join(LOG_LEVELS)} (any case)")
+        return level
+
+    @field_validator("warmup", mode="before")
+    @classmethod
+    def _split_warmup(cls, v: object) -> object:
+        if isinstance(v, str):
+            return tuple(s.strip() for s in v.split(",") if s.strip())
+        return v
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, v: object) -> object:
+        return parse_origins(v) if isinstance(v, (str, list, tuple)) else v
+
+    @property
+    def api_key_set(self) -> frozenset[str]:
+        return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
+
+
+def _instance_id() -> str:
+    return f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class ClusterSettings(SubConfig):
+    """This instance among the others behind one front (`chunlian cluster`, Kubernetes)."""
+
+    instance_id: str = Field(default_factory=_instance_id)
+    """Name of this instance in `X-Chunlian-Instance`, `/healthz` and logs; default: host name, process id and a random suffix."""
+
+
+SUBCONFIGS: dict[str, type[SubConfig]] = {
+    "engine": EngineSettings, "cache": CacheSettings, "jobs": JobsSettings,
+    "http": HttpSettings, "cluster": ClusterSettings,
+}
