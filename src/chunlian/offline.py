@@ -22,9 +22,8 @@ from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.styles import STYLES
 from chunlian.text import validate_upper
 from chunlian.types import BeamParams, CoupletRequest, CoupletResult, DecodeParams
-from chunlian.validation import validate_heads, validate_keyword
+from chunlian.validation import MAX_CANDIDATES, validate_heads, validate_keyword
 
-MAX_N = 8
 MAX_BEAM = 32
 MAX_CHANNEL_WEIGHT = 4.0
 
@@ -50,8 +49,8 @@ def check_style(style: str) -> str:
 
 
 def check_n(n: int) -> int:
-    if not 1 <= n <= MAX_N:
-        raise InvalidInput(f"n must be between 1 and {MAX_N}, got {n}", "n")
+    if not 1 <= n <= MAX_CANDIDATES:
+        raise InvalidInput(f"n must be between 1 and {MAX_CANDIDATES}, got {n}", "n")
     return n
 
 
