@@ -14,7 +14,8 @@ from chunlian import errors as E
 from chunlian.config import load_settings
 from chunlian.data.samples import sample_uppers
 from chunlian.engine.config import EngineConfig
-from chunlian.engine.process import ProcessEngine, decode_error, encode_error
+from chunlian.engine.messages import decode_error, encode_error
+from chunlian.engine.process import ProcessEngine
 from chunlian.types import CoupletRequest
 
 

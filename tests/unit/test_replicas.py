@@ -105,8 +105,8 @@ async def test_a_request_needing_n_rows_counts_n() -> None:
     await asyncio.gather(big, *small)
 
 
-async def test_identical_requests_in_flight_share_a_replica_and_coalescing_can_be_off() -> None:
-    for coalesce, expect in ((True, [3, 0]), (False, [2, 1])):
+async def test_identical_requests_in_flight_share_one_generation_and_coalescing_can_be_off() -> None:
+    for coalesce, expect in ((True, [1, 0]), (False, [2, 1])):
         eng, fakes = _engine(2, coalesce=coalesce)
         await eng.start()
         same = CoupletRequest(upper="春回大地千山秀")
@@ -115,8 +115,10 @@ async def test_identical_requests_in_flight_share_a_replica_and_coalescing_can_b
         assert [len(f.sent) for f in fakes] == expect
         for f in fakes:
             f.release_all()
-        await asyncio.gather(*tasks)
-        assert eng._inflight == {}
+        got = await asyncio.gather(*tasks)
+        assert len({id(r) for r in got}) == (1 if coalesce else 3)
+        assert eng.stats.coalesced == (2 if coalesce else 0)
+        assert eng._inflight._by_key == {}
 
 
 async def test_a_request_whose_replica_dies_goes_to_another_and_errors_free_the_slot() -> None:
@@ -130,7 +132,7 @@ async def test_a_request_whose_replica_dies_goes_to_another_and_errors_free_the_
     assert [len(f.sent) for f in fakes] == [1, 1] and not task.done()
     fakes[1].release_all()
     assert (await task).best.upper == "春回大地"
-    assert eng._outstanding == [0, 0] and eng._inflight == {}
+    assert eng._outstanding == [0, 0] and eng._inflight._by_key == {}
     assert eng.running and eng.replicas_up == 1  # degraded: the other one serves
     # what is still sent goes to the running replica
     before = len(fakes[1].sent)
@@ -167,7 +169,7 @@ async def test_cancelled_callers_free_their_rows() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert eng._outstanding == [0, 0] and eng._inflight == {}
+    assert eng._outstanding == [0, 0] and eng._inflight._by_key == {}
 
 
 async def test_a_failed_start_stops_every_replica() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chunlian.config import EngineSettings
-from chunlian.types import BatchingMode
+from chunlian.types import BatchingMode, CoupletRequest
 
 if TYPE_CHECKING:
     from chunlian.data.blocklist import Blocklist
@@ -61,6 +61,10 @@ class EngineConfig:
             raise ValueError(f"replicas must be >= 1 (resolved), got {self.replicas}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES} (resolved), got {self.device!r}")
+
+    def timeout_s(self, req: CoupletRequest) -> float:
+        """The request's deadline from now, queue time included: its own, else the default."""
+        return req.timeout_s if req.timeout_s is not None else self.default_timeout_ms / 1000
 
     @property
     def in_child(self) -> bool:

@@ -124,6 +124,22 @@ class EngineCore:
         self._listeners: list[Callable[[StepReport], None]] = []
         self._out: list[CoreOutput] = []
 
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> EngineCore:
+        """Load the model ``config`` names and build a core around it. Torch runs
+        single-threaded on the calling thread until the stepping thread calls
+        ``runner.bind_thread()`` (``ModelRunner.bind_thread`` says why)."""
+        from chunlian.engine.runner import ModelRunner, single_threaded_here
+        from chunlian.model.checkpoint import load_weights
+        from chunlian.model.hengpi import HengpiSelector
+
+        single_threaded_here()
+        loaded = load_weights(config.model_path, config.device)
+        log.info("loaded %s on %s", loaded.tag, config.device)
+        runner = ModelRunner(loaded, capacity=config.max_batch_size, device=config.device,
+                             threads=config.torch_threads, blocklist=config.blocklist)
+        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag)
+
     # ---- inputs -----------------------------------------------------------------------------
     def add_request(self, creq: CoreRequest) -> None:
         """Queue ``creq``; raises ``Overloaded`` (queue full) or ``InvalidInput`` at once,

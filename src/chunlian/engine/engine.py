@@ -25,8 +25,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from chunlian.engine.coalesce import InFlight, Submitted
 from chunlian.engine.config import EngineConfig
 from chunlian.engine.core import CoreOutput, CoreRequest, EngineCore, Runner
 from chunlian.engine.outbox import Outbox
@@ -34,8 +34,8 @@ from chunlian.engine.rates import RateWindow
 from chunlian.engine.rerank import HengpiChooser
 from chunlian.engine.scheduler import Scheduler
 from chunlian.engine.stats import EngineStats, StepReport
-from chunlian.errors import ChunlianError, DeadlineExceeded, EngineStopped, InvalidInput, Overloaded
-from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
+from chunlian.errors import ChunlianError, EngineStopped, InvalidInput, Overloaded
+from chunlian.types import CoupletRequest, CoupletResult
 
 __all__ = ["Engine", "EngineStats", "Runner", "StepReport", "lower_thread_priority"]
 
@@ -44,14 +44,6 @@ MAX_RETRY_AFTER_S = 60.0
 IDLE_POLL_S = 0.5  # an idle engine thread looks at its inbox at least this often
 
 log = logging.getLogger("chunlian.engine")
-
-
-@dataclass
-class _Pending:
-    req_id: int
-    future: asyncio.Future[CoupletResult]
-    identity: RequestIdentity | None
-    waiters: int = 1
 
 
 class Engine:
@@ -66,8 +58,8 @@ class Engine:
         self._cv = threading.Condition()
         self._inbox: deque[CoreRequest | int] = deque()  # adds, and aborts (a request id)
         self._queued_adds = 0  # adds in the inbox: counted against the queue's bound
-        self._pending: dict[int, _Pending] = {}  # req_id -> pending (event-loop side)
-        self._inflight: dict[RequestIdentity, _Pending] = {}  # identity -> pending (coalescing)
+        self._pending: dict[int, asyncio.Future[CoupletResult]] = {}  # req_id -> the answer's future
+        self._inflight: InFlight[CoupletResult] = InFlight(config.coalesce)
         self._ids = itertools.count(1)
         self._rejected = RateWindow(RATE_WINDOW_S)
         self._outbox = Outbox()
@@ -79,20 +71,8 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> Engine:
         """Load the model ``config`` names and build an engine around it."""
-        from chunlian.engine.runner import ModelRunner, single_threaded_here
-        from chunlian.model.checkpoint import load_weights
-        from chunlian.model.hengpi import HengpiSelector
-
-        # the model runs on the engine thread: only that thread may own a multi-thread
-        # torch team (ModelRunner.bind_thread says why)
-        single_threaded_here()
-        loaded = load_weights(config.model_path, config.device)
-        log.info("loaded %s on %s", loaded.tag, config.device)
-        runner = ModelRunner(
-            loaded, capacity=config.max_batch_size, device=config.device,
-            threads=config.torch_threads, blocklist=config.blocklist,
-        )
-        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag)
+        core = EngineCore.from_config(config)
+        return cls(config, core.runner, core=core)
 
     # the core's parts, for metrics and tests
     @property
@@ -110,6 +90,7 @@ class Engine:
 
     @property
     def stats(self) -> EngineStats:
+        self.core.stats.coalesced = self._inflight.coalesced  # counted here, in front of the core
         return self.core.stats
 
     @property
@@ -165,56 +146,31 @@ class Engine:
             raise EngineStopped("engine is not running")
         if req.params.rows > self.config.max_batch_size:
             raise InvalidInput(f"n must be at most {self.config.max_batch_size}", "n")
-        timeout_s = req.timeout_s if req.timeout_s is not None else self.config.default_timeout_ms / 1000
-        identity = req.identity()
-        pending = self._inflight.get(identity) if self.config.coalesce else None
-        if pending is not None and not pending.future.done():
-            pending.waiters += 1
-            self.stats.coalesced += 1
-        else:
-            pending = self._submit(req, identity, timeout_s)
-        try:
-            # The core enforces the deadline; the extra second only guards against a
-            # stuck engine so that no caller ever waits for ever.
-            return await asyncio.wait_for(asyncio.shield(pending.future), timeout_s + 1.0)
-        except TimeoutError:
-            self._cancel(pending)
-            raise DeadlineExceeded(f"no answer within {timeout_s:.3f} s") from None
-        except asyncio.CancelledError:
-            self._cancel(pending)
-            raise
+        timeout_s = self.config.timeout_s(req)
+        # the core enforces the deadline; the extra second only guards against a stuck
+        # engine so that no caller ever waits for ever
+        return await self._inflight.wait(req.identity(), lambda: self._submit(req, timeout_s), timeout_s + 1.0)
 
-    def _submit(self, req: CoupletRequest, identity: RequestIdentity, timeout_s: float) -> _Pending:
+    def _submit(self, req: CoupletRequest, timeout_s: float) -> Submitted[CoupletResult]:
         assert self._loop is not None
         now = time.monotonic()
         if self.queue_depth >= self.config.max_queue_size:
-            self.stats.rejected += 1
+            self.core.stats.rejected += 1
             self._rejected.add(now)
             raise Overloaded(f"queue full ({self.config.max_queue_size} waiting)", self.retry_after_s())
         req_id = next(self._ids)
         fut: asyncio.Future[CoupletResult] = self._loop.create_future()
-        pending = _Pending(req_id, fut, identity)
-        self._pending[req_id] = pending
+        self._pending[req_id] = fut
         with self._cv:
             self._inbox.append(CoreRequest(req_id, req, now + timeout_s))
             self._queued_adds += 1
             self._cv.notify()
-        if self.config.coalesce:  # else nothing ever looks it up
-            self._inflight[identity] = pending
-            fut.add_done_callback(lambda _f: self._forget(identity, pending))
-        return pending
+        return fut, lambda: self._abort(req_id)
 
-    def _forget(self, identity: RequestIdentity, pending: _Pending) -> None:
-        if self._inflight.get(identity) is pending:
-            del self._inflight[identity]
-
-    def _cancel(self, pending: _Pending) -> None:
-        """A caller went away; the request is aborted when its last waiter has gone."""
-        pending.waiters -= 1
-        if pending.waiters > 0 or pending.future.done():
-            return
+    def _abort(self, req_id: int) -> None:
+        """The request's last caller went away: the core ends it (``Cancelled``)."""
         with self._cv:
-            self._inbox.append(pending.req_id)
+            self._inbox.append(req_id)
             self._cv.notify()
 
     # ---- the engine thread ------------------------------------------------------------------------
@@ -262,9 +218,9 @@ class Engine:
     def _settle(self, outputs: list[CoreOutput]) -> None:
         """Queue each output's settlement, and hand them to the event loop in one call."""
         for out in outputs:
-            p = self._pending.pop(out.req_id, None)
-            if p is not None:
-                self._outbox.settle(p.future, out.result, out.error)
+            fut = self._pending.pop(out.req_id, None)
+            if fut is not None:
+                self._outbox.settle(fut, out.result, out.error)
         self._outbox.flush(self._loop)
 
     def _fail_all(self, error: ChunlianError) -> None:

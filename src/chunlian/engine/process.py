@@ -1,71 +1,53 @@
 """An engine core in its own process (each of ``engine.replicas``' replicas), as vLLM v1 runs its
 EngineCore: the API process keeps HTTP, the cache and the event loop; a child process keeps
-the model, the scheduler and the engine thread, with its own interpreter lock and its own
-core. Measured on this 2-core host: in one process the web server and the engine thread
-take turns on one lock, so the second core idles (``docs/performance.md``).
+the model and the core (``engine.corerun``), with its own interpreter lock. In one process
+the web server and the engine thread take turns on one lock, so a second core idles
+(``docs/performance.md``).
 
-    API process                                  engine process (spawned)
-    ProcessEngine.generate() ─("gen", id, req)──▶ reader thread ─▶ Engine.generate() task
+    API process                                    engine process (spawned, niced once)
+    ProcessEngine.generate() ──Add / Abort──▶ CoreLoop: EngineCore.add_request / abort, step()
           ▲                                                          │
-          └── reader thread ◀──("answers", [("ok"/"err", id, ...)])── event loop ◀──┘
-              ◀──("stats", EngineStats, steps) every 0.25 s: metrics, step listeners
+          └── reader thread ◀── Answers (one per step), Stats (every 0.25 s) ──┘
 
-Messages go over one ``multiprocessing`` pipe. Errors cross as (class name, message, extra)
-and are rebuilt from ``chunlian.errors``. Every future completes on every path: result,
-error, cancellation (sent to the child, which frees the slot), the child's exit or crash
-(every pending request fails with ``EngineStopped`` and ``running`` turns false, so the
-instance reports not ready), and ``stop``.
+Messages are the typed dataclasses of ``engine.messages`` over one ``multiprocessing``
+pipe; errors cross as plain data and are rebuilt from ``chunlian.errors``. Every future
+completes on every path: result, error, cancellation (an ``Abort`` frees the rows), the
+child's exit or crash (every pending request fails with ``EngineStopped`` and ``running``
+turns false, so the instance reports not ready), and ``stop``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
 import multiprocessing as mp
-import os
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 from chunlian import errors as E
 from chunlian.engine.config import EngineConfig
+from chunlian.engine.corerun import child_main
+from chunlian.engine.messages import (
+    Abort,
+    Add,
+    Answer,
+    Answers,
+    Failed,
+    Ready,
+    Stats,
+    Stop,
+    Stopped,
+    decode_error,
+)
 from chunlian.engine.stats import EngineStats, StepReport
 from chunlian.types import CoupletRequest, CoupletResult
 
 log = logging.getLogger("chunlian.engine")
-STATS_EVERY_S = 0.25
 START_LIMIT_S = 300.0
 STOP_LIMIT_S = 15.0
-ENGINE_NICE = 5  # the engine process's niceness relative to the web process
-ErrorWire = tuple[str, str, dict[str, Any]]
-
-
-def encode_error(e: BaseException) -> ErrorWire:
-    """An error as plain data: (class name in ``chunlian.errors``, message, extra fields)."""
-    if not isinstance(e, E.ChunlianError):
-        return "ModelError", f"generation failed: {type(e).__name__}", {}
-    extra: dict[str, Any] = {}
-    if isinstance(e, E.Overloaded):
-        extra["retry_after_s"] = e.retry_after_s
-    if isinstance(e, E.InvalidInput):
-        extra["field"] = e.field
-    return type(e).__name__, str(e), extra
-
-
-def decode_error(wire: ErrorWire) -> E.ChunlianError:
-    name, message, extra = wire
-    cls = getattr(E, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, E.ChunlianError)):
-        return E.ModelError(message)
-    if cls is E.Overloaded:
-        return E.Overloaded(message, float(extra.get("retry_after_s", 1.0)))
-    if cls is E.InvalidInput:
-        return E.InvalidInput(message, extra.get("field"))
-    return cls(message)
 
 
 class ProcessEngine:
@@ -114,7 +96,7 @@ class ProcessEngine:
         """Stop the child (its pending requests fail with ``EngineStopped``) and wait for it."""
         if self._proc is None:
             return
-        self._send(("stop",))
+        self._send(Stop())
         proc = self._proc
         await asyncio.to_thread(proc.join, STOP_LIMIT_S)
         if proc.is_alive():
@@ -140,21 +122,21 @@ class ProcessEngine:
         rid = next(self._ids)
         fut: asyncio.Future[CoupletResult] = self._loop.create_future()
         self._pending[rid] = fut
-        timeout_s = req.timeout_s if req.timeout_s is not None else self.config.default_timeout_ms / 1000
+        timeout_s = self.config.timeout_s(req)
         try:
-            self._send(("gen", rid, req))
+            self._send(Add(rid, req, timeout_s))
             # the child enforces the deadline; the margin only guards against a stuck child
             return await asyncio.wait_for(asyncio.shield(fut), timeout_s + 2.0)
         except TimeoutError:
-            self._send(("cancel", rid))
+            self._send(Abort((rid,)))
             raise E.DeadlineExceeded(f"no answer within {timeout_s:.3f} s") from None
         except asyncio.CancelledError:
-            self._send(("cancel", rid))
+            self._send(Abort((rid,)))
             raise
         finally:
             self._pending.pop(rid, None)
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
+    def _send(self, msg: Add | Abort | Stop) -> None:
         conn = self._conn
         if conn is None:
             raise E.EngineStopped("engine is not running")
@@ -162,7 +144,7 @@ class ProcessEngine:
             with self._send_lock:
                 conn.send(msg)
         except (OSError, ValueError) as e:  # the child is gone
-            if msg[0] == "gen":
+            if isinstance(msg, Add):
                 raise E.EngineStopped("engine process is gone") from e
 
     # ---- the pipe reader (its own thread) ------------------------------------------------------
@@ -172,16 +154,15 @@ class ProcessEngine:
         try:
             while True:
                 msg = conn.recv()
-                kind = msg[0]
-                if kind == "answers":  # a batch of ("ok" | "err", id, payload): one loop wake-up
-                    loop.call_soon_threadsafe(self._settle_all, msg[1])
-                elif kind == "stats":
-                    self._on_stats(msg[1], msg[2])
-                elif kind == "ready":
-                    loop.call_soon_threadsafe(self._set_ready, msg[1], None)
-                elif kind == "failed":
-                    loop.call_soon_threadsafe(self._set_ready, None, E.ModelError(msg[1]))
-                elif kind == "stopped":
+                if isinstance(msg, Answers):  # a step's answers: one wake-up of the loop
+                    loop.call_soon_threadsafe(self._settle_all, msg.answers)
+                elif isinstance(msg, Stats):
+                    self._on_stats(msg)
+                elif isinstance(msg, Ready):
+                    loop.call_soon_threadsafe(self._set_ready, msg.model_tag, None)
+                elif isinstance(msg, Failed):
+                    loop.call_soon_threadsafe(self._set_ready, None, E.ModelError(msg.reason))
+                elif isinstance(msg, Stopped):
                     break
         except (EOFError, OSError):
             log.error("the engine process went away")
@@ -200,20 +181,20 @@ class ProcessEngine:
         else:
             self._ready.set_result(tag or "chunlian-couplet@unknown")
 
-    def _settle_all(self, answers: list[tuple[str, int, Any]]) -> None:
-        for kind, rid, payload in answers:
-            fut = self._pending.get(rid)
+    def _settle_all(self, answers: tuple[Answer, ...]) -> None:
+        for a in answers:
+            fut = self._pending.get(a.req_id)
             if fut is None or fut.done():
                 continue
-            if kind == "ok":
-                fut.set_result(payload)
+            if a.error is None:
+                fut.set_result(a.result)  # type: ignore[arg-type]
             else:
-                fut.set_exception(decode_error(payload))
+                fut.set_exception(decode_error(a.error))
 
-    def _on_stats(self, stats: dict[str, Any], steps: list[tuple[int, float, int]]) -> None:
-        for k, v in stats.items():
+    def _on_stats(self, msg: Stats) -> None:
+        for k, v in msg.stats.items():
             setattr(self.stats, k, v)
-        for batch, step_s, tokens in steps:
+        for batch, step_s, tokens in msg.steps:
             report = StepReport(batch, step_s, tokens)
             for fn in self._listeners:
                 try:
@@ -226,101 +207,3 @@ class ProcessEngine:
             if not fut.done():
                 fut.set_exception(error)
                 fut.exception()  # retrieved: its caller may be gone
-
-
-# ---- the child -------------------------------------------------------------------------------
-def child_main(config: EngineConfig, conn: Connection) -> None:
-    """Entry point of the engine process: load the model, serve the pipe until told to stop."""
-    from chunlian.engine.engine import Engine
-
-    lock = threading.Lock()
-
-    def send(msg: tuple[Any, ...]) -> None:
-        with lock:
-            conn.send(msg)
-
-    with contextlib.suppress(OSError):
-        # the web process answers hits, 429s and health checks in microseconds; under
-        # overload it must win the CPU over the engine, not wait behind it
-        os.nice(ENGINE_NICE)
-    try:
-        engine = Engine.from_config(config)
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which stays not ready
-        send(("failed", f"{type(e).__name__}: {e}"))
-        return
-    asyncio.run(_serve(engine, conn, send))
-
-
-async def _serve(engine: Any, conn: Connection, send: Callable[[tuple[Any, ...]], None]) -> None:
-    loop = asyncio.get_running_loop()
-    tasks: dict[int, asyncio.Task[None]] = {}
-    steps: list[tuple[int, float, int]] = []
-    engine.add_step_listener(lambda r: steps.append((r.batch_size, r.step_s, r.tokens)))
-    stop = asyncio.Event()
-
-    # answers finished in one turn of the loop (a step's) go back as one message: one pipe
-    # write here and one wake-up of the API process's loop, instead of one per answer
-    outbox: list[tuple[str, int, Any]] = []
-
-    def flush() -> None:
-        if outbox:
-            batch = outbox[:]
-            outbox.clear()
-            send(("answers", batch))
-
-    def answer(msg: tuple[str, int, Any]) -> None:
-        if not outbox:
-            loop.call_soon(flush)
-        outbox.append(msg)
-
-    async def run(rid: int, req: CoupletRequest) -> None:
-        try:
-            answer(("ok", rid, await engine.generate(req)))
-        except asyncio.CancelledError:
-            answer(("err", rid, encode_error(E.Cancelled("request cancelled"))))
-        except Exception as e:  # noqa: BLE001 - every error goes back to its caller
-            answer(("err", rid, encode_error(e)))
-        finally:
-            tasks.pop(rid, None)
-
-    def on_message(msg: tuple[Any, ...]) -> None:
-        if msg[0] == "gen":
-            tasks[msg[1]] = loop.create_task(run(msg[1], msg[2]))
-        elif msg[0] == "cancel":
-            task = tasks.get(msg[1])
-            if task is not None:
-                task.cancel()
-        else:
-            stop.set()
-
-    def reader() -> None:
-        try:
-            while True:
-                msg = conn.recv()
-                loop.call_soon_threadsafe(on_message, msg)
-                if msg[0] == "stop":
-                    return
-        except (EOFError, OSError):  # the parent is gone: stop too
-            loop.call_soon_threadsafe(stop.set)
-
-    await engine.start()
-    send(("ready", engine.model_tag))
-    threading.Thread(target=reader, name="chunlian-engine-pipe", daemon=True).start()
-
-    async def report() -> None:
-        while True:
-            await asyncio.sleep(STATS_EVERY_S)
-            batch = steps[:]
-            del steps[: len(batch)]
-            send(("stats", dataclasses.asdict(engine.stats), batch))
-
-    reporter = loop.create_task(report())
-    await stop.wait()
-    reporter.cancel()
-    await engine.stop()  # pending requests fail with EngineStopped, sent back by run()
-    if tasks:
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-    with contextlib.suppress(OSError):
-        flush()  # the last answers go before "stopped"
-        send(("stats", dataclasses.asdict(engine.stats), []))
-        send(("stopped",))

@@ -14,10 +14,9 @@ host, two of them at 32 rows each ran 324-333 seq/s against 230-266 for one engi
 threads at 64 rows, and 387-437 at 64 rows each (``docs/performance.md``). (Two runners in
 one process serialise their Python on the interpreter lock: measured, not worth it.)
 
-Routing: each request goes to the running replica with the fewest sequences outstanding
-(ties: round robin). Identical requests in flight go to the replica that already runs the
-first one, where that engine's coalescing merges them, so coalescing works as with one
-engine. The replicas share ``max_batch_size`` and ``max_queue_size`` (``share``), so the
+Routing: each request goes to the running replica with the fewest rows outstanding
+(ties: round robin). Identical requests in flight share one generation here, before routing
+(``engine.coalesce``), so coalescing works as with one engine. The replicas share ``max_batch_size`` and ``max_queue_size`` (``share``), so the
 instance's totals stay as configured; there are never more replicas than batch rows.
 
 Every future completes on every path, as in ``ProcessEngine``: a replica's answer or error
@@ -40,10 +39,11 @@ from dataclasses import fields, replace
 from typing import Protocol
 
 from chunlian import errors as E
+from chunlian.engine.coalesce import InFlight, Submitted
 from chunlian.engine.config import EngineConfig
 from chunlian.engine.stats import EngineStats, StepReport
 from chunlian.omp import usable_cores
-from chunlian.types import CoupletRequest, CoupletResult, RequestIdentity
+from chunlian.types import CoupletRequest, CoupletResult
 
 log = logging.getLogger("chunlian.engine")
 SUPERVISE_EVERY_S = 0.5
@@ -96,7 +96,7 @@ class ReplicatedEngine:
         self.replicas = list(replicas)
         self._factory = factory
         self._outstanding = [0] * len(self.replicas)  # sequences sent, not yet answered
-        self._inflight: dict[RequestIdentity, tuple[int, int]] = {}  # identity -> (replica, callers)
+        self._inflight: InFlight[CoupletResult] = InFlight(config.coalesce)
         self._next = itertools.count()  # round robin among equally loaded replicas
         self._listeners: list[Callable[[StepReport], None]] = []
         self._retired = EngineStats()  # the counters of replaced replicas (metrics never go back)
@@ -181,6 +181,7 @@ class ReplicatedEngine:
             else:
                 value = getattr(self._retired, f.name) + sum(getattr(r.stats, f.name) for r in self.replicas)
             setattr(total, f.name, value)
+        total.coalesced += self._inflight.coalesced  # here, before routing: replicas never coalesce
         return total
 
     # ---- supervision -----------------------------------------------------------------------
@@ -233,39 +234,38 @@ class ReplicatedEngine:
     # ---- requests --------------------------------------------------------------------------
     async def generate(self, req: CoupletRequest) -> CoupletResult:
         """Generate on one replica (module docstring); raises what ``Engine.generate`` raises.
-        A request whose replica stopped under it (``EngineStopped``) is sent once more, to
+        Identical requests in flight share one generation (``engine.coalesce``)."""
+        def submit() -> Submitted[CoupletResult]:
+            task = asyncio.ensure_future(self._generate_routed(req))
+
+            def abort() -> None:
+                task.cancel()
+
+            return task, abort
+
+        # each replica guards its own deadline; this margin only outlasts theirs
+        return await self._inflight.wait(req.identity(), submit, self.config.timeout_s(req) + 5.0)
+
+    async def _generate_routed(self, req: CoupletRequest) -> CoupletResult:
+        """A request whose replica stopped under it (``EngineStopped``) is sent once more, to
         another running replica: generation has no side effects, and a crash loses nothing."""
-        identity = req.identity()
         try:
-            return await self._generate_on(self._route(identity), req, identity)
+            return await self._generate_on(self._route(), req)
         except E.EngineStopped:
             if self._stopping or self.replicas_up == 0:
                 raise
             log.warning("an engine replica stopped under a request; sending it to another")
-            return await self._generate_on(self._route(identity), req, identity)
+            return await self._generate_on(self._route(), req)
 
-    async def _generate_on(self, i: int, req: CoupletRequest, identity: RequestIdentity) -> CoupletResult:
-        seqs = req.params.n
-        self._outstanding[i] += seqs
-        if self.config.coalesce:
-            _, callers = self._inflight.get(identity, (i, 0))
-            self._inflight[identity] = (i, callers + 1)
+    async def _generate_on(self, i: int, req: CoupletRequest) -> CoupletResult:
+        rows = req.params.rows
+        self._outstanding[i] += rows
         try:
             return await self.replicas[i].generate(req)
         finally:
-            self._outstanding[i] -= seqs
-            if self.config.coalesce:
-                _, callers = self._inflight[identity]
-                if callers <= 1:
-                    del self._inflight[identity]
-                else:
-                    self._inflight[identity] = (i, callers - 1)
+            self._outstanding[i] -= rows
 
-    def _route(self, identity: RequestIdentity) -> int:
-        if self.config.coalesce:
-            same = self._inflight.get(identity)
-            if same is not None and self.replicas[same[0]].running:
-                return same[0]
+    def _route(self) -> int:
         alive = [i for i, r in enumerate(self.replicas) if r.running]
         if not alive:
             raise E.EngineStopped("engine is not running")

@@ -1,0 +1,75 @@
+"""Coalescing: identical requests in flight share one generation (``InFlight``), for the
+clients of the engine core (``engine.engine.Engine`` in process, ``engine.replicas`` across
+processes). Greedy answers are deterministic and seeded ones reproducible, so a second
+caller of the same request gets the first one's answer instead of a second batch row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from chunlian.errors import DeadlineExceeded
+
+T = TypeVar("T")
+
+# what a client's submit gives back: the answer's future, and how to abort the request
+Submitted = tuple["asyncio.Future[T]", Callable[[], None]]
+
+
+@dataclass
+class _Shared(Generic[T]):
+    future: asyncio.Future[T]
+    abort: Callable[[], None]
+    waiters: int = 1
+
+
+class InFlight(Generic[T]):
+    """The requests in flight by key, each with its callers. The request is aborted when
+    its last caller goes away (cancelled, or past its deadline guard)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.coalesced = 0  # callers that joined a request already in flight
+        self._by_key: dict[Hashable, _Shared[T]] = {}
+
+    async def wait(self, key: Hashable, submit: Callable[[], Submitted[T]], guard_s: float) -> T:
+        """The answer for ``key``: joins the request in flight, or ``submit``s a new one.
+        ``guard_s`` bounds the wait (the core enforces the real deadline; the guard only keeps
+        a stuck engine from holding a caller for ever): past it, ``DeadlineExceeded``."""
+        shared = self._by_key.get(key) if self.enabled else None
+        if shared is not None and not shared.future.done():
+            shared.waiters += 1
+            self.coalesced += 1
+        else:
+            future, abort = submit()
+            shared = _Shared(future, abort)
+            if self.enabled:  # else nothing ever looks it up
+                self._by_key[key] = shared
+                forget = shared
+
+                def done(_f: asyncio.Future[T]) -> None:
+                    self._forget(key, forget)
+
+                future.add_done_callback(done)
+        try:
+            return await asyncio.wait_for(asyncio.shield(shared.future), guard_s)
+        except TimeoutError:
+            self._leave(key, shared)
+            raise DeadlineExceeded(f"no answer within {guard_s:.3f} s") from None
+        except asyncio.CancelledError:
+            self._leave(key, shared)
+            raise
+
+    def _forget(self, key: Hashable, shared: _Shared[T]) -> None:
+        if self._by_key.get(key) is shared:
+            del self._by_key[key]
+
+    def _leave(self, key: Hashable, shared: _Shared[T]) -> None:
+        """A caller went away; the last one aborts the request (a new caller starts anew)."""
+        shared.waiters -= 1
+        if shared.waiters <= 0 and not shared.future.done():
+            self._forget(key, shared)
+            shared.abort()
