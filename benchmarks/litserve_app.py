@@ -75,12 +75,13 @@ def main() -> None:
     p.add_argument("--batch-timeout-s", type=float, default=0.005, help="longest wait for a batch to fill")
     p.add_argument("--api-servers", type=int, default=None,
                    help="HTTP server processes (default: LitServe's, one per inference worker)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="longest wait in LitServe's queue (504 past it)")
     p.add_argument("--fast-queue", action="store_true", help="LitServe's ZeroMQ queues")
     a = p.parse_args()
     api = CoupletAPI(a.threads, a.max_batch_size, max_batch_size=a.max_batch_size,
                      batch_timeout=a.batch_timeout_s, api_path=ENDPOINT)
     server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=a.workers,
-                          timeout=30, fast_queue=a.fast_queue)
+                          timeout=a.timeout_s, fast_queue=a.fast_queue)
     server.run(host="127.0.0.1", port=a.port, num_api_servers=a.api_servers, log_level="warning",
                generate_client_file=False)
 

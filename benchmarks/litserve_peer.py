@@ -26,6 +26,9 @@ Same model, processes and threads on both sides:
   and ``batch_timeout`` = chunlian's ``max_wait_ms``, and LitServe's default HTTP side (one
   API server process per inference worker) unless ``--api-servers``.
 
+A request's deadline is ``--timeout-s`` on both sides (chunlian's ``default_timeout_ms``, which
+counts the whole request; LitServe's ``timeout``, which counts its queue wait): 504 past it.
+
 W and T default to what chunlian resolves on this host (one single-threaded replica per
 core). Prints requests/s, p50, p99 and errors of each side and the ratio chunlian/LitServe
 for each concurrency; the raw reports go to ``runs/`` (git-ignored).
@@ -64,7 +67,7 @@ def litserve_server(args: argparse.Namespace, ready_limit_s: float = 180.0) -> I
     port = free_port()
     cmd = [sys.executable, str(APP), "--port", str(port), "--workers", str(args.workers),
            "--threads", str(args.threads), "--max-batch-size", str(args.rows),
-           "--batch-timeout-s", str(args.max_wait_ms / 1000)]
+           "--batch-timeout-s", str(args.max_wait_ms / 1000), "--timeout-s", str(args.timeout_s)]
     if args.api_servers:
         cmd += ["--api-servers", str(args.api_servers)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNLIAN_")}
@@ -100,7 +103,7 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
 def measure(url: str, pid: int, concurrency: int, args: argparse.Namespace, label: str) -> dict[str, Any]:
     plan = RequestPlan(load_lines(args.data), unique_ratio=1.0, seed=1)
     res = run_load(url, concurrency, args.duration_s, 1_000_000, plan, warmup_s=args.warmup_s,
-                   server_pid=pid, progress=not args.no_progress, label=label)
+                   timeout_s=args.timeout_s + 10, server_pid=pid, progress=not args.no_progress, label=label)
     rep: dict[str, Any] = res.report()
     return rep
 
@@ -113,7 +116,8 @@ def server(side: str, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
             yield up
         return
     settings = {"cache_size": 0, "engine_replicas": args.workers, "torch_threads": args.threads,
-                "max_batch_size": args.rows * args.workers, "max_wait_ms": args.max_wait_ms}
+                "max_batch_size": args.rows * args.workers, "max_wait_ms": args.max_wait_ms,
+                "default_timeout_ms": round(args.timeout_s * 1000)}
     with run_server(settings) as srv:
         yield srv.url, srv.pid
 
@@ -167,7 +171,7 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
             "litserve": importlib.metadata.version("litserve"),
             "torch": importlib.metadata.version("torch"),
             "workers": args.workers, "torch_threads": args.threads, "rows_per_worker": args.rows,
-            "max_wait_ms": args.max_wait_ms, "api_servers": args.api_servers or args.workers,
+            "max_wait_ms": args.max_wait_ms, "timeout_s": args.timeout_s, "api_servers": args.api_servers or args.workers,
             "duration_s": args.duration_s, "warmup_s": args.warmup_s, "rounds": args.rounds,
             "concurrency": args.concurrency, "plan": "fresh, seeded (RequestPlan seed=1)",
             "chunlian_cache": "off (CHUNLIAN_CACHE_SIZE=0)"}
@@ -203,13 +207,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batch rows of each model process (default: chunlian's max_batch_size / workers)")
     p.add_argument("--max-wait-ms", type=float, default=served.max_wait_ms,
                    help="chunlian's max_wait_ms and LitServe's batch_timeout")
+    p.add_argument("--timeout-s", type=float, default=30.0,
+                   help="a request's deadline on both sides: chunlian's default_timeout_ms, LitServe's timeout "
+                        "(default 30, LitServe's own)")
     p.add_argument("--api-servers", type=int, default=None, help="LitServe HTTP processes (default: its own)")
     p.add_argument("--data", type=Path, default=None, help="upper lines (default: the built-in sample)")
     p.add_argument("--out", type=Path, default=None, help="raw JSON (default runs/litserve_peer-DATE.json)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.workers < 1 or args.duration_s <= 0 or min(args.concurrency) < 1:
-        p.error("--rounds, --workers and --concurrency must be >= 1 and --duration-s > 0")
+    if args.rounds < 1 or args.workers < 1 or min(args.concurrency) < 1:
+        p.error("--rounds, --workers and --concurrency must be >= 1")
+    if args.duration_s <= 0 or args.timeout_s <= 0:
+        p.error("--duration-s and --timeout-s must be > 0")
     args.threads = args.threads or served.resolved_replica_threads(args.workers)
     args.rows = args.rows or max(1, served.max_batch_size // args.workers)
     return args
