@@ -30,8 +30,9 @@ A request's deadline is ``--timeout-s`` on both sides (chunlian's ``default_time
 counts the whole request; LitServe's ``timeout``, which counts its queue wait): 504 past it.
 
 W and T default to what chunlian resolves on this host (one single-threaded replica per
-core). Prints requests/s, p50, p99 and errors of each side and the ratio chunlian/LitServe
-for each concurrency; the raw reports go to ``runs/`` (git-ignored).
+core). Prints requests/s, p50, p99, errors and answers per CPU second of each server's process
+tree for each side, and the ratios chunlian/LitServe for each concurrency; the raw reports go to
+``runs/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -156,6 +157,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ratio_rps_chunlian_vs_litserve": ratio(ch["requests_per_s"], ls["requests_per_s"]),
             "ratio_rps_by_round": [ratio(a["requests_per_s"], b["requests_per_s"]) for a, b in
                                    zip(reports["chunlian"][c], reports["litserve"][c], strict=True)],
+            # answers per CPU second of the server's process tree: the share of the cores a
+            # server gets on a shared host moves with the neighbours, its cost per answer less
+            "ratio_per_cpu_s_chunlian_vs_litserve": ratio(ch.get("requests_per_cpu_s"),
+                                                          ls.get("requests_per_cpu_s")),
             "ratio_p50_chunlian_vs_litserve": ratio(ch["p50_ms"], ls["p50_ms"]),
             "ratio_p99_chunlian_vs_litserve": ratio(ch["p99_ms"], ls["p99_ms"]),
             "rounds": {"chunlian": reports["chunlian"][c], "litserve": reports["litserve"][c]},
@@ -171,7 +176,8 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
             "litserve": importlib.metadata.version("litserve"),
             "torch": importlib.metadata.version("torch"),
             "workers": args.workers, "torch_threads": args.threads, "rows_per_worker": args.rows,
-            "max_wait_ms": args.max_wait_ms, "timeout_s": args.timeout_s, "api_servers": args.api_servers or args.workers,
+            "max_wait_ms": args.max_wait_ms, "timeout_s": args.timeout_s,
+            "api_servers": args.api_servers or args.workers,
             "duration_s": args.duration_s, "warmup_s": args.warmup_s, "rounds": args.rounds,
             "concurrency": args.concurrency, "plan": "fresh, seeded (RequestPlan seed=1)",
             "chunlian_cache": "off (CHUNLIAN_CACHE_SIZE=0)"}
@@ -179,15 +185,17 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
 
 def format_report(rep: dict[str, Any]) -> str:
     rows = [f"{'server':10s} {'c':>4s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>7s} "
-            f"{'srv cores':>9s} {'other':>6s}"]
+            f"{'srv cores':>9s} {'req/CPU-s':>9s} {'other':>6s}"]
     for c, run in rep["runs"].items():
         for side in ("chunlian", "litserve"):
             r = run[side]
             rows.append(f"{side:10s} {c:>4s} {r['requests_per_s']:8.1f} {r['p50_ms'] or 0:8.1f} "
                         f"{r['p99_ms'] or 0:8.1f} {sum(r['errors'].values()):7d} "
-                        f"{r.get('server_cpu_cores', 0):9.2f} {r.get('host_other_cores', 0):6.2f}")
+                        f"{r.get('server_cpu_cores') or 0:9.2f} {r.get('requests_per_cpu_s') or 0:9.1f} "
+                        f"{r.get('host_other_cores') or 0:6.2f}")
         rows.append(f"  c={c} chunlian/LitServe: req/s {run['ratio_rps_chunlian_vs_litserve']}x "
-                    f"(rounds {run['ratio_rps_by_round']}), "
+                    f"(rounds {run['ratio_rps_by_round']}), req/CPU-s "
+                    f"{run['ratio_per_cpu_s_chunlian_vs_litserve']}x, "
                     f"p50 {run['ratio_p50_chunlian_vs_litserve']}x, p99 {run['ratio_p99_chunlian_vs_litserve']}x")
     return "\n".join(rows)
 
