@@ -17,8 +17,8 @@ result cache off (``CHUNLIAN_CACHE_SIZE=0``), so every answer is generated.
 Same model, processes and threads on both sides:
 
 * chunlian: ``python -m chunlian.api`` (what ``chunlian serve`` runs) with
-  ``CHUNLIAN_ENGINE_REPLICAS=W``, ``CHUNLIAN_TORCH_THREADS=T``, ``CHUNLIAN_MAX_BATCH_SIZE=B``:
-  W engine processes of T torch threads and ``B / W`` rows each (continuous batching), behind
+  ``CHUNLIAN_DEVICE=cpu``, ``CHUNLIAN_ENGINE_REPLICAS=W``, ``CHUNLIAN_TORCH_THREADS=T`` and
+  ``CHUNLIAN_MAX_BATCH_SIZE=B``: W engine processes of T torch threads and ``B / W`` rows each (continuous batching), behind
   one web process.
 * LitServe: ``benchmarks/litserve_app.py``: ``workers_per_device=W`` inference processes on
   ``accelerator="cpu"``, each with T torch threads and one ``ModelRunner`` of ``B / W`` rows
@@ -116,7 +116,7 @@ def server(side: str, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
         with litserve_server(args) as up:
             yield up
         return
-    settings = {"cache_size": 0, "engine_replicas": args.workers, "torch_threads": args.threads,
+    settings = {"device": "cpu", "cache_size": 0, "engine_replicas": args.workers, "torch_threads": args.threads,
                 "max_batch_size": args.rows * args.workers, "max_wait_ms": args.max_wait_ms,
                 "default_timeout_ms": round(args.timeout_s * 1000)}
     with run_server(settings) as srv:
@@ -201,7 +201,7 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    served = load_settings()
+    served = load_settings(device="cpu")  # LitServe's side runs on the CPU: so does chunlian's
     workers = served.resolved_engine_replicas()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
