@@ -40,7 +40,6 @@ log = logging.getLogger("chunlian.engine")
 STATS_EVERY_S = 0.25
 START_LIMIT_S = 300.0
 STOP_LIMIT_S = 15.0
-ENGINE_NICE = 5  # the engine process's niceness relative to the web process
 ErrorWire = tuple[str, str, dict[str, Any]]
 
 
@@ -241,10 +240,12 @@ def child_main(config: EngineConfig, conn: Connection) -> None:
 
     with contextlib.suppress(OSError):
         # the web process answers hits, 429s and health checks in microseconds; under
-        # overload it must win the CPU over the engine, not wait behind it
-        os.nice(ENGINE_NICE)
+        # overload it must win the CPU over the engine, not wait behind it. Applied here,
+        # before any thread starts, so every thread of this process inherits it; the engine
+        # gets engine_nice 0, so its thread does not add the same nice again.
+        os.nice(config.engine_nice)
     try:
-        engine = Engine.from_config(config)
+        engine = Engine.from_config(dataclasses.replace(config, engine_nice=0))
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stays not ready
         send(("failed", f"{type(e).__name__}: {e}"))
         return
