@@ -89,11 +89,11 @@ class PlainCoupletFastPath:
             await self.app(scope, _replay(body, other, receive), send)
             return
         scope["route"] = _ROUTE
-        replayed = _replay(body, None, receive)  # the disconnect watch reads on from here
         try:
-            reply = await couplet_reply(replayed, svc, parsed, scope.get("state", {}).get("arrival_s"))
+            # the body is read: what ``receive`` gives next is what the disconnect watch needs
+            reply = await couplet_reply(receive, svc, parsed, scope.get("state", {}).get("arrival_s"))
         except ChunlianError as e:
-            await chunlian_error_logged(Request(scope, replayed), e)(scope, receive, send)
+            await chunlian_error_logged(Request(scope, receive), e)(scope, receive, send)
             return
         await _send_json(send, reply)
 
