@@ -1,8 +1,8 @@
 """The fast path for plain ``POST /v1/couplets`` requests, in front of the router.
 
 On New Year's Eve most requests repeat a hot line and are cache hits, so their cost is the
-web framework's: routing, dependency solving, pydantic and the response class are about half
-of a hit's CPU time. ``PlainCoupletFastPath`` (pure ASGI, inside ``ServiceMiddleware``, so
+web framework's: routing, dependency solving, pydantic and the response class are a large
+share of a hit's CPU time (``docs/performance.md``). ``PlainCoupletFastPath`` (pure ASGI, inside ``ServiceMiddleware``, so
 request ids, size limits, metrics and the access log still apply) reads the body, and when
 its shape is a plain, valid one (the fields of ``CoupletIn`` with their exact types, no
 ``regenerate``, ``n`` = 1) answers it itself, without the framework: with the route's own

@@ -1,8 +1,8 @@
 """An engine core in its own process (each of ``engine.replicas``' replicas), as vLLM v1 runs its
 EngineCore: the API process keeps HTTP, the cache and the event loop; a child process keeps
 the model, the scheduler and the engine thread, with its own interpreter lock and its own
-core. Measured on this 2-core host: in one process the web server and the engine thread
-take turns on one lock, so the second core idles (``docs/performance.md``).
+core. In one process the web server and the engine thread take turns on one lock, so a
+second core idles (``docs/performance.md``).
 
     API process                                  engine process (spawned)
     ProcessEngine.generate() ─("gen", id, req)──▶ reader thread ─▶ Engine.generate() task
