@@ -2,16 +2,13 @@
 
 libgomp's idle threads spin 300,000 rounds by default, several milliseconds on these
 CPUs. That is best for one process alone on its cores and ruinous for two model-running
-processes sharing them: a job worker's spinning threads took the cores the service's engine
-needed (interactive p99 14.9x its alone value with a worker beside it, and 2.2 bulk
-items/s). A bounded spin (10,000 rounds) still bridges most gaps between the ops of one
-forward pass and sleeps soon after: p99 3.2-4.2x, 23.6 bulk items/s (30,000 rounds: 8.8x).
-Measured with ``benchmarks/jobs_bench.py --colocated``; ``docs/performance.md``.
-
-The price of the bounded spin for a service alone on its machine: 6% of miss throughput
-on an AMD EPYC host (145 against 155 req/s), 9-10% on an Intel AMX
-host (363 / 384 against 401 / 418 req/s at c=64, alternating). So each process
-picks (``Settings.omp_spin``, ``auto`` by default):
+processes sharing them: a job worker's spinning threads take the cores the service's engine
+needs, and the service's p99 grows many times over. A bounded spin (10,000 rounds) still
+bridges most gaps between the ops of one forward pass and sleeps soon after; it costs a
+service alone on its machine some of its miss throughput. The figures of both, and how to
+measure them (``benchmarks/jobs_bench.py --colocated``, ``chunlian bench service``), are in
+``docs/performance.md`` ("Measurements behind the code"). So each process picks
+(``Settings.omp_spin``, ``auto`` by default):
 
 * ``chunlian serve``: libgomp's own spin (a service alone on its cores, the deployment
   ``docs/guides/deploy.md`` recommends);

@@ -95,6 +95,7 @@ class Harness:
     client: httpx.AsyncClient
     engine: FakeEngine
     runtime: Runtime
+    app: Any
 
 
 @asynccontextmanager
@@ -110,4 +111,4 @@ async def running_app(
             await asyncio.wait_for(runtime.wait_ready(), 10)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://unit") as client:
-            yield Harness(client, engine, runtime)
+            yield Harness(client, engine, runtime, app)

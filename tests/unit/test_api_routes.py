@@ -426,19 +426,86 @@ async def test_not_ready_once_the_engine_stops_running() -> None:
 
 
 def test_fast_path_takes_only_plain_valid_requests() -> None:
-    from chunlian.api.fastpath import plain_request
+    from chunlian.api.fastpath import plain_body
 
-    ok = plain_request('{"upper": " 春回大地千山秀 ", "style": "family", "seed": 3, "timeout_ms": 500}'.encode())
-    assert ok is not None and ok.upper == "春回大地千山秀" and ok.style == "family"
-    assert ok.params.seed == 3 and ok.timeout_s == 0.5
-    dashed = plain_request('{"upper": "山药出格九万斤--真大"}'.encode())
-    assert dashed is not None and dashed.upper == "山药出格九万斤——真大"
+    ok = plain_body('{"upper": " 春回大地千山秀 ", "style": "family", "seed": 3, "timeout_ms": 500}'.encode())
+    assert ok is not None
+    req = ok.to_request()
+    assert req.upper == "春回大地千山秀" and req.style == "family"
+    assert req.params.seed == 3 and req.timeout_s == 0.5
+    dashed = plain_body('{"upper": "山药出格九万斤--真大"}'.encode())
+    assert dashed is not None and dashed.to_request().upper == "山药出格九万斤——真大"
+    # the text rules are the shared handler's (routes.couplet_reply): the fast path takes these
+    assert plain_body(b'{"upper": "hello"}') is not None
     for body in ['{"upper": "春回大地", "n": 2}', '{"upper": "春回大地", "regenerate": true}',
                  '{"upper": "春回大地", "n": true}', '{"upper": "春回大地", "seed": -1}',
-                 '{"upper": "春回大地", "style": "nope"}', '{"upper": "hello"}', '{"upper": 3}',
+                 '{"upper": "春回大地", "style": "nope"}', '{"upper": 3}',
                  '{"upper": "春回大地", "timeout_ms": 5}', '{"upper": "春回大地", "extra": 1}',
                  '[1]', 'nope', '[' * 3000 + ']' * 3000]:
-        assert plain_request(body.encode()) is None, body  # the route answers these
+        assert plain_body(body.encode()) is None, body  # the router answers these
+
+
+PARITY_BODIES: list[object] = [
+    {"upper": "春回大地千山秀"},  # a miss
+    {"upper": " 春回大地千山秀 "},  # the same line again: a hit
+    {"upper": "天增岁月人增寿", "seed": 3, "style": "family", "timeout_ms": 5000},
+    {"upper": "hello"},  # the text rules: 422 naming the field
+    {"upper": "春回大地，"},
+    {"upper": "春" * 33},
+    {"upper": "一帆风顺年年好"},  # the engine refuses: 429 with Retry-After
+    {"upper": "爆竹声声辞旧岁"},  # the engine stopped: 503
+    {"upper": "生意兴隆通四海"},  # past its deadline: 504
+    {"upper": 3},  # a bad shape: the router's own 422, for both
+    {"upper": "春回大地", "extra": 1},  # an unusual field: the router, for both
+    {"upper": "春回大地千山秀", "n": 2},  # not plain: the router, for both
+]
+ROUTER_ONLY = {9, 10, 11}  # the indexes the fast path hands on
+
+
+def _engine_failing() -> FakeEngine:
+    engine = FakeEngine()
+    engine.fail = {"一帆风顺年年好": Overloaded("queue full", retry_after_s=2.3),
+                   "爆竹声声辞旧岁": EngineStopped("stopping"),
+                   "生意兴隆通四海": DeadlineExceeded("too slow")}
+    return engine
+
+
+async def test_the_fast_path_and_the_router_answer_alike() -> None:
+    """The same bodies, one by one, through the fast path and through the router alone (two
+    apps with equal engines): the same status, body and headers, bad input included."""
+    import httpx
+
+    from chunlian.api.fastpath import PlainCoupletFastPath
+
+    handed_on: list[int] = []
+    seen: list[tuple[int, object]] = []  # (status, cached) of each answer
+
+    async with running_app(_engine_failing()) as fast, running_app(_engine_failing()) as routed:
+        framework = fast.app.framework
+
+        async def counting(scope, receive, send):  # type: ignore[no-untyped-def]
+            handed_on.append(1)
+            await framework(scope, receive, send)
+
+        paths = {"fast": PlainCoupletFastPath(counting, fast.runtime), "router": routed.app.framework}
+        clients = {name: httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://unit")
+                   for name, app in paths.items()}
+        try:
+            for i, body in enumerate(PARITY_BODIES):
+                before = len(handed_on)
+                got = {name: await c.post("/v1/couplets", json=body) for name, c in clients.items()}
+                a, b = got["fast"], got["router"]
+                assert (a.status_code, a.json()) == (b.status_code, b.json()), body
+                for header in ("content-type", "retry-after"):
+                    assert a.headers.get(header) == b.headers.get(header), (body, header)
+                assert len(handed_on) - before == (1 if i in ROUTER_ONLY else 0), body
+                seen.append((a.status_code, a.json().get("cached")))
+        finally:
+            for c in clients.values():
+                await c.aclose()
+        assert [r.identity() for r in fast.engine.calls] == [r.identity() for r in routed.engine.calls]
+    assert seen[:2] == [(200, False), (200, True)]  # a miss, then a hit
+    assert {status for status, _ in seen} == {200, 422, 429, 503, 504}
 
 
 async def test_deadline_counts_from_arrival_before_and_after_the_engine() -> None:

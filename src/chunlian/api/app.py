@@ -48,11 +48,11 @@ class ChunlianAPI(FastAPI):
     metrics and the access log (``ServiceMiddleware``), then the fast path for plain
     couplet requests (``PlainCoupletFastPath``), then the framework.
 
-    In front, not added with ``add_middleware``: inside, every request also went through
+    In front, not added with ``add_middleware``: inside, every request would also go through
     FastAPI's own layers first (its OpenTelemetry check reads the environment on every
-    request, then the error, telemetry and body-limit wrappers), about a fifth of a cache
-    hit's CPU time here; the fast path needs none of them. Everything the fast path does not
-    answer still gets the whole framework."""
+    request, then the error, telemetry and body-limit wrappers), a noticeable share of a
+    cache hit's CPU time (``docs/performance.md``); the fast path needs none of them.
+    Everything the fast path does not answer still gets the whole framework."""
 
     front: ASGIApp | None = None
 

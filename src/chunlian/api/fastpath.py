@@ -1,18 +1,18 @@
 """The fast path for plain ``POST /v1/couplets`` requests, in front of the router.
 
 On New Year's Eve most requests repeat a hot line and are cache hits, so their cost is the
-web framework's: routing, dependency solving, pydantic and the response class took about
-half of a hit's CPU time. ``PlainCoupletFastPath`` (pure ASGI, inside ``ServiceMiddleware``, so
+web framework's: routing, dependency solving, pydantic and the response class are a large
+share of a hit's CPU time (``docs/performance.md``). ``PlainCoupletFastPath`` (pure ASGI, inside ``ServiceMiddleware``, so
 request ids, size limits, metrics and the access log still apply) reads the body, and when
-it is a plain, valid request (the fields of ``CoupletIn`` with their exact types, no
-``regenerate``, ``n`` = 1) answers it itself: from the cache, or through the same service
-call, disconnect watch and error responses as the route (under overload most answers are
-429s, and they must stay cheap too). Anything else -- a bad body, an unusual field, a
-non-JSON content type, the service not ready -- goes on to the router with the body
-replayed, so every error is exactly the route's. Both paths validate with ``CoupletIn`` and
-build the same ``CoupletRequest``, hence the same cache key.
+its shape is a plain, valid one (the fields of ``CoupletIn`` with their exact types, no
+``regenerate``, ``n`` = 1) answers it itself, without the framework: with the route's own
+handler, ``routes.couplet_reply`` (text rules, cache, generation, disconnect watch), and
+the route's own error responses, ``errors.chunlian_error_logged`` (under overload most
+answers are 429s, and they must stay cheap too). Anything else -- a body that does not
+parse or fails the schema, an unusual field, a non-JSON content type, the service not
+ready -- goes on to the router with the body replayed, so those errors are the framework's
+own.
 """
-
 from __future__ import annotations
 
 import json
@@ -22,13 +22,10 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from chunlian.api.errors import chunlian_error_logged as on_chunlian_error
-from chunlian.api.errors import json_bytes
-from chunlian.api.routes import couplet_json, generate_for_client
+from chunlian.api.errors import chunlian_error_logged
+from chunlian.api.routes import couplet_reply
 from chunlian.api.runtime import Runtime
-from chunlian.api.service import Answer
-from chunlian.errors import ChunlianError, InvalidInput
-from chunlian.types import CoupletRequest
+from chunlian.errors import ChunlianError
 from chunlian.validation import CoupletIn
 
 PATH = "/v1/couplets"
@@ -36,10 +33,10 @@ _ROUTE = SimpleNamespace(path=PATH)  # the metrics' endpoint label, as the route
 _FIELDS = frozenset(CoupletIn.model_fields)
 
 
-def plain_request(body: bytes) -> CoupletRequest | None:
-    """The request ``body`` asks for, when it is a plain valid one (the route's own schema
-    and text rules, no unknown field, no ``regenerate``, ``n`` = 1); None sends it the long
-    way, which also produces every error."""
+def plain_body(body: bytes) -> CoupletIn | None:
+    """``body`` parsed, when its shape is a plain valid request (the route's own schema, no
+    unknown field, no ``regenerate``, ``n`` = 1); None sends it the long way, which also
+    answers every error of shape."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):  # the route answers 422 for these
@@ -48,11 +45,9 @@ def plain_request(body: bytes) -> CoupletRequest | None:
         return None
     try:
         parsed = CoupletIn.model_validate(data)
-        if parsed.regenerate or parsed.n != 1:
-            return None
-        return parsed.to_request()
-    except (ValidationError, InvalidInput):
+    except ValidationError:
         return None
+    return None if parsed.regenerate or parsed.n != 1 else parsed
 
 
 def _json_content(scope: Scope) -> bool:
@@ -89,30 +84,18 @@ class PlainCoupletFastPath:
             await self.app(scope, receive, send)
             return
         body, other = await _read_body(receive)
-        req = plain_request(body) if other is None else None
-        if req is None:
+        parsed = plain_body(body) if other is None else None
+        if parsed is None:
             await self.app(scope, _replay(body, other, receive), send)
             return
         scope["route"] = _ROUTE
-        hit = await svc.cached(req)
-        if hit is not None:
-            await _send_json(send, _couplet_body(hit, svc.model_tag))
-            return
-        # a miss: generate here too, exactly as the route does (same service call, same
-        # disconnect watch, same error responses), without the framework's per-request work;
-        # under overload most of these answers are 429s, and they must stay cheap
-        replayed = _replay(body, None, receive)
         try:
-            arrival_s = scope.get("state", {}).get("arrival_s")
-            answer = await generate_for_client(replayed, svc, req, arrival_s=arrival_s)
+            # the body is read: what ``receive`` gives next is what the disconnect watch needs
+            reply = await couplet_reply(receive, svc, parsed, scope.get("state", {}).get("arrival_s"))
         except ChunlianError as e:
-            await on_chunlian_error(Request(scope, replayed), e)(scope, receive, send)
+            await chunlian_error_logged(Request(scope, receive), e)(scope, receive, send)
             return
-        await _send_json(send, _couplet_body(answer, svc.model_tag))
-
-
-def _couplet_body(answer: Answer, model_tag: str) -> bytes:
-    return json_bytes(couplet_json(answer, model_tag, 1))
+        await _send_json(send, reply)
 
 
 async def _send_json(send: Send, body: bytes) -> None:

@@ -126,29 +126,40 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     raise ClientGone("the client closed the connection")
 
 
-async def _answer(request: Request, svc: CoupletService, req: CoupletRequest, regenerate: bool) -> Answer:
-    if not regenerate:
-        hit = await svc.cached(req)
-        if hit is not None:
-            return hit
-    arrival_s = getattr(request.state, "arrival_s", None)
-    return await generate_for_client(request.receive, svc, req, regenerate=regenerate, arrival_s=arrival_s)
+async def couplet_reply(
+    receive: Receive, svc: CoupletService, body: CoupletIn | ComposeIn, arrival_s: float | None,
+) -> bytes:
+    """The response body for a couplet request whose shape is valid: the text rules
+    (``to_request``), then the cached answer unless ``regenerate``, else a new one while
+    watching the client's connection (``receive``: ``generate_for_client``).
+
+    One function for the routes and the fast path (``api.fastpath``) alike, so both answer
+    the same request the same way. Errors are raised (``ChunlianError``: bad text, overload,
+    deadline, ...); both answer them with ``errors.chunlian_error_logged``."""
+    req = body.to_request()
+    answer = await svc.cached(req) if not body.regenerate else None
+    if answer is None:
+        answer = await generate_for_client(receive, svc, req, regenerate=body.regenerate,
+                                           arrival_s=arrival_s)
+    return json_bytes(couplet_json(answer, svc.model_tag, body.n))
+
+
+async def _couplet_route(body: CoupletIn | ComposeIn, request: Request) -> Response:
+    svc = _service(request)
+    reply = await couplet_reply(request.receive, svc, body, getattr(request.state, "arrival_s", None))
+    return Response(reply, media_type="application/json")
 
 
 @router.post("/v1/couplets", response_model=CoupletOut, responses=_ERRORS, tags=["couplets"])
 async def create_couplet(body: CoupletIn, request: Request) -> Response:
     """Write the 下联 and 横批 for a 上联 (cached unless ``regenerate``)."""
-    svc = _service(request)
-    answer = await _answer(request, svc, body.to_request(), body.regenerate)
-    return json_response(couplet_json(answer, svc.model_tag, body.n))
+    return await _couplet_route(body, request)
 
 
 @router.post("/v1/couplets/compose", response_model=CoupletOut, responses=_ERRORS, tags=["couplets"])
 async def compose_couplet(body: ComposeIn, request: Request) -> Response:
     """Write a whole couplet headed by a name (``heads``) or opening with a ``keyword``."""
-    svc = _service(request)
-    answer = await _answer(request, svc, body.to_request(), body.regenerate)
-    return json_response(couplet_json(answer, svc.model_tag, body.n))
+    return await _couplet_route(body, request)
 
 
 async def _batch_item(svc: CoupletService, item: object) -> dict[str, Any]:

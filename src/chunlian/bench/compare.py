@@ -3,16 +3,16 @@
 * before (baseline): ``max_batch_size=1`` (one request at a time, one engine with every
   core: ``engine_replicas=1``, as the auto setting gives for one row), ``max_wait_ms=0``, no
   result cache (``CHUNLIAN_CACHE_SIZE=0``) and no coalescing of identical requests in
-  flight (``CHUNLIAN_COALESCE=false``): with it, the mixed load's hot repeats shared the
-  generation already running (139-147 of ~500 baseline requests at c=128), so the
-  baseline had a cache of its own and the repeats lifted both sides alike; and a 60 s
+  flight (``CHUNLIAN_COALESCE=false``): with it, the mixed load's hot repeats share the
+  generation already running (over a quarter of the baseline's requests at c=128), so the
+  baseline would have a cache of its own and the repeats would lift both sides alike; and a 60 s
   deadline, so that a slow host's batch-1 queue shows as latency, not as 504s;
 * after (chunlian): the service's defaults (continuous batching, in-process cache, one
   engine replica per core: ``engine.replicas``).
 
 The load is a closed loop of ``concurrency`` clients, 128 by default: the default
 ``max_batch_size``, so that the defaults can fill their batch (at 64, only 64 of its 128 rows
-could ever be busy; on a Zen 4 host: misses 8.75-10.67x at 64, 12.0-14.3x in eight runs at 128).
+could ever be busy, and the misses ratio comes out lower: ``docs/performance.md``).
 
 Each side is started afresh (``sweep.run_server``) for each of two loads, the same
 requests in the same order on both sides: *mixed*, where ``repeat_ratio`` of the requests
@@ -23,9 +23,9 @@ column; the whole record is saved as JSON.
 
 With ``rounds`` > 1 the four runs are repeated, before and after swapping places within each
 load every other round, and the table is built from each run's figures averaged over the
-rounds; each round's headline ratios and their median are reported beside it. One round's
-misses ratio moved between 10.3x and 13.7x in six runs on an AVX2 AMD EPYC host, the
-batch-1 baseline alone between 13.7 and 19.1 req/s.
+rounds; each round's headline ratios and their median are reported beside it: one round's
+ratio moves by a third from run to run on a shared host, most of it the batch-1 baseline's
+(``docs/performance.md``, "Measurements behind the code").
 """
 
 from __future__ import annotations

@@ -186,8 +186,9 @@ def _rounds(bench: _Bench, mix: list[str], seq_mix: list[str], max_batch_size: i
             replicas: int, model_path: str | None) -> _Runs:
     """The batched modes ``rounds`` times, alternating their order. Sequential: its sample
     cut into strata of the same length mix, one run before each batched run and one after
-    the last, so that drift of the host's speed (seen here: 30% within a minute) falls on
-    every mode alike. The replicas' peak comes after the other modes in every round."""
+    the last, so that drift of the host's speed (a shared host's can move by nearly a third
+    within a minute: ``docs/performance.md``) falls on every mode alike. The replicas' peak
+    comes after the other modes in every round."""
     runs = _Runs()
     k = rounds * (len(MODES) + (replicas > 1)) + 1
     slices = [h for h in (seq_mix[i::k] for i in range(k)) if h]

@@ -11,22 +11,22 @@ tree on the same machine (loopback, bounded in time):
    distinct lines (every request a miss, so every request goes through the engine), and
    ``chunlian bench engine``'s continuous mode on the same model, same ``max_batch_size``,
    on the same kind of requests the HTTP phase sends (same lines and styles, and the same
-   share of seeded, sampled ones, which cost ~7% more a step on a Zen 4 host and
-   15-20% on an Intel AMX host), all submitted at once (no HTTP). Every miss is a seeded request (the plan's seeded part, ``RequestPlan(seed=1)``),
-   so the share is 1.0 from the first request to the last and the peak runs exactly it. (The
-   plan's greedy requests come first and run out within a phase: the share grew from round to
-   round, and the peaks, some run before a round's misses, got 0.2-0.34 against the misses'
-   final 0.6 on an Intel AMX host.) The
+   share of seeded, sampled ones, which cost more a step than greedy ones), all submitted at
+   once (no HTTP). Every miss is a seeded request (the plan's seeded part,
+   ``RequestPlan(seed=1)``), so the share is 1.0 from the first request to the last and the
+   peak runs exactly it. (The plan's greedy requests come first and run out within a phase:
+   with its running share, the share would grow from round to round, and peaks run before a
+   round's misses would get a smaller one than the misses.) The
    peak is the engine's steady rate, between 10% and 90% of the requests done
    (``engine.steady_rate``): the served closed loop never fills from empty nor drains (the
-   whole-run rate, also reported, was 4-11% lower at 800 requests). The peak is the better
+   whole-run rate, also reported, is lower). The peak is the better
    of 1 and 2 torch threads (each the mean of its rounds); both are reported.
 
 The phases run in ``rounds`` (default 2), each round every phase for ``duration / rounds``
 seconds, the order reversed every other round; the figures are the rounds' means, and each
-round's are kept. One pass of each phase after the other carried the host's drift into the
-ratios: on this project's shared 2-core VM the engine's own speed moved by half between two
-phases a minute apart (0.65x one run, 0.87x the run before, same code).
+round's are kept. One pass of each phase after the other would carry the host's drift into
+the ratios: on a shared 2-core VM the engine's own speed can move by half between two phases
+a minute apart (``docs/performance.md``, "Measurements behind the code").
 
 The ratios are only as good as the machine's quiet: run it with nothing else going on.
 """
@@ -208,7 +208,7 @@ def run_service_bench(
             "steady_seq_per_s_by_round": [x["steady_seq_per_s"] for x in per_round],
         }
     # the steady rate: a served closed loop runs at its steady state, never filling from
-    # empty nor draining to it (the whole-run rate was 4-11% below it at 800 requests)
+    # empty nor draining to it (the whole-run rate, which includes both, is lower)
     peak = max(v["steady_seq_per_s"] for v in out["engine"].values())
     bare, hits, misses = out["bare"], out["hits"], out["misses"]
     out["ratio_hit_rps_vs_bare"] = round(hits["requests_per_s"] / bare["requests_per_s"], 3)

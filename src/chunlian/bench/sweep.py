@@ -232,9 +232,8 @@ def run_sweep(
 
     The points of one batch size run one after the other, their wait order reversed at
     every other batch size: the host's speed drifts over a sweep, and running every batch
-    size at one wait before the next wait made the drift look like a wait effect (a 2-core
-    host, 2026-12-01: 20 ms beat 5 ms by 18% at batch 64 in such a sweep, and tied at 260.1
-    against 261.5 req/s in three interleaved rounds)."""
+    size at one wait before the next wait makes the drift look like a wait effect
+    (``docs/performance.md``, "Measurements behind the code")."""
     lines = load_lines(data)
     kw = {"concurrency": concurrency, "duration_s": duration_s, "warmup_s": warmup_s,
           "max_requests": max_requests, "unique_ratio": unique_ratio, "extra_settings": extra_settings,
@@ -253,9 +252,9 @@ def leading_points(rows: list[dict[str, Any]], slo_p99_ms: float, top: int) -> l
     """The points a confirmation measures again: the ``top`` with the most requests/s among
     those ``pick_best`` chooses from, then, if not among them, the ``top`` with the most
     requests/s of all: the rule's fallback when no point keeps the SLO, which the repeated
-    rounds may find. (On an Intel AMX host only two 32-row points kept p99 <= 1 s in a pass;
-    measured again, neither did, and the fallback chose among them alone, 160 req/s, while 128 rows
-    had served 239 in the pass.)"""
+    rounds may find: when the few points that kept the SLO in the pass fail it when measured
+    again, the fallback must not choose among those slow points alone
+    (``docs/performance.md``)."""
     def most(pool: list[dict[str, Any]]) -> list[tuple[int, float]]:
         return [(r["max_batch_size"], r["max_wait_ms"]) for r in sorted(pool, key=lambda r: -r["requests_per_s"])[:top]]
 
@@ -281,8 +280,8 @@ def confirm_points(
     other round, and return one averaged row per point (``mean_row``), in ``points`` order.
 
     One pass of a sweep measures each point once, minutes apart; on a shared host the drift
-    between them can exceed the differences the sweep is for (on an AVX2 AMD EPYC host one sweep put
-    64 rows 16-19% ahead of 128, and three alternating runs then put 128 ahead by 4-21%)."""
+    between them can exceed the differences the sweep is for, and even reverse the order of
+    two points (``docs/performance.md``)."""
     lines = load_lines(data)
     runs: dict[tuple[int, float], list[dict[str, Any]]] = {p: [] for p in points}
     for r in range(rounds):

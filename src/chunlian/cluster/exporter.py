@@ -38,7 +38,8 @@ from prometheus_client.registry import Collector
 
 # '$remote_addr [$time_local] "$request" $status ... limit=$limit_req_status': nginx escapes a
 # quote inside $request as \x22, so the request is the first quoted field. Parsed with str
-# methods: a regex with an optional tail backtracked to 13 us a line, 4x the whole count.
+# methods: a regex with an optional tail backtracks, and costs several times the whole count
+# (docs/performance.md).
 _LIMIT = " limit="
 _STUB = re.compile(r"Active connections:\s*(\d+).*?\n\s*(\d+)\s+(\d+)\s+(\d+).*?Reading:\s*(\d+)\s*"
                    r"Writing:\s*(\d+)\s*Waiting:\s*(\d+)", re.S)

@@ -44,8 +44,9 @@ class ClusterSpec:
     deadline_s: float | None = None  # default: nginx.front_deadline_s of the service's default deadline
     access_log: bool = True
     # False: workers load no model and send their items through nginx to the instances'
-    # engines at bulk priority (CHUNLIAN_WORKER_ENGINE_URL; docs/guides/bulk-jobs.md: a worker with its
-    # own model beside an instance took interactive p99 to 47-51x on an Intel AMX host)
+    # engines at bulk priority (CHUNLIAN_WORKER_ENGINE_URL): a worker with its own model
+    # beside an instance takes the cores its engine needs, and interactive p99 grows many
+    # times over (docs/guides/deploy.md gives the figures)
     worker_own_model: bool = False
     env: Mapping[str, str] = field(default_factory=dict)  # extra env for every child
     # more NginxConfig fields (the per-client rate limit: client_rate_per_s, client_burst,

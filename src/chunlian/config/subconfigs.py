@@ -93,7 +93,8 @@ class EngineSettings(SubConfig):
     # 0 = auto: the machine's cores, at most 4 (a 4 M-parameter model gains little beyond);
     # with engine replicas, each gets cores // replicas (resolved_replica_threads). They
     # belong to the engine thread alone (ModelRunner.bind_thread); OpenMP's default
-    # wait policy is kept: OMP_WAIT_POLICY=PASSIVE cost 37% of miss throughput (docs/performance.md)
+    # wait policy is kept: with OMP_WAIT_POLICY=PASSIVE every op pays a sleep and a wake-up,
+    # and miss throughput drops by more than a third (docs/performance.md, "Measurements behind the code")
     torch_threads: int = Field(0, ge=0, le=256)
     """Intra-op threads of each engine; 0: the machine's usable cores (at most 4), shared out among engine replicas."""
     # engine processes behind one dispatcher (engine.replicas), each with its share of the
@@ -105,9 +106,9 @@ class EngineSettings(SubConfig):
     """Engine processes behind one dispatcher, each with its share of the cores, batch rows and queue; 0: one per usable core on a CPU (at most 8), 1 on cuda."""
     batching: Literal["continuous", "static"] = "continuous"
     """`continuous` (sequences join and leave the batch at every step) or `static` (one padded batch at a time; a baseline)."""
-    # 128: under a saturating load (c=128, an AMD EPYC Zen 4 host) 128 rows gave +17% over
-    # 64 (320.3 vs 272.9 req/s, three interleaved rounds; p99 0.89 vs 0.81 s in the sweep);
-    # below 64 requests in flight nothing changes (newcomers join at once while rows are free)
+    # 128: under a saturating load 128 rows serve more than 64, at a higher p99
+    # (docs/performance.md: "Batch size and wait"); below 64 requests in flight nothing
+    # changes (newcomers join at once while rows are free)
     max_batch_size: int = Field(128, ge=1, le=1024)
     """Sequences decoded together (KV-cache rows), shared out among engine replicas."""
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
@@ -135,7 +136,7 @@ class EngineSettings(SubConfig):
     engine_nice: int = Field(5, ge=0, le=19)
     """How much nicer than the web server the engine's threads run, so answers, 429s and deadlines stay on time under overload; 0: same priority."""
     # how long idle OpenMP threads spin before sleeping (chunlian.omp): "full" is libgomp's
-    # own (best alone on the cores: +9-10% misses at c=64 on an Intel AMX host),
+    # own (best alone on the cores: more misses answered; docs/performance.md),
     # "bounded" 10,000 rounds (when model-running processes share the cores: a worker with
     # its own model, several instances); "auto": full for `chunlian serve`, bounded for
     # `chunlian worker` and for the instances `chunlian cluster` starts. GOMP_SPINCOUNT,
@@ -195,8 +196,8 @@ class EngineSettings(SubConfig):
         at ``torch_threads`` each (one per core when that is 0; at most 8 and at most
         ``max_batch_size``: each replica needs a row), one on cuda. An explicit
         ``TORCH_THREADS=2`` on 2 cores is therefore one engine with both: two replicas of 2
-        threads each would be four spinning OpenMP threads on two cores, 3.6 instead of
-        75-90 requests/s under a 16-client miss load (AMD EPYC Zen 2, 2 cores)."""
+        threads each would be four spinning OpenMP threads on two cores, which serve a small
+        fraction of the misses one engine does (``docs/performance.md``)."""
         if self.engine_replicas:
             return self.engine_replicas
         if self.resolved_device() == "cuda":
@@ -311,7 +312,8 @@ class HttpSettings(SubConfig):
     # once warm, move every object the start-up made (torch, the model, the framework: some
     # 400,000) out of the cyclic garbage collector's reach (gc.freeze): a full collection
     # then walks only what serving allocates instead of stopping the whole process (both
-    # threads: it holds the interpreter lock) for ~0.4 s on this 2-core host
+    # threads: it holds the interpreter lock) for a large fraction of a second under load
+    # (docs/performance.md, "Measurements behind the code")
     gc_freeze: bool = True
     """Once warm, exempt the start-up's objects from Python's cyclic garbage collector (shorter pauses)."""
 

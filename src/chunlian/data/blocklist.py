@@ -3,7 +3,7 @@
 Multi-character terms are converted from traditional to simplified forms (``zhconv``) and
 matched as substrings. Single-character terms are kept only in the form they were listed:
 converting them would turn 區/統/動/臺/幹 into 区/统/动/台/干, banning everyday characters
-that carry no vulgar sense on their own (measured: it would drop a large share of the
+that carry no vulgar sense on their own (it would drop a large share of the
 classical corpus). Simplified single characters on the list (屌, 婊, 淫, ...) stay banned.
 """
 

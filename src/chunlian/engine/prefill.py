@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 from chunlian.engine.request import SeqSpec
 
-# Cost model of one prefill forward on this CPU (measured: 2-3 ms fixed, about 45 us per
-# prompt token at 2 threads), in prompt tokens: a split pays for itself when it saves more
-# padded tokens than this.
+# Cost model of one prefill forward: its fixed cost expressed in prompt tokens (the fixed
+# cost over the cost of one more token; docs/performance.md gives the timings): a split pays
+# for itself when it saves more padded tokens than this.
 PREFILL_FIXED_TOKENS = 56
 # The same for one more group of a fused step (``ModelRunner.step``): only its attention
-# ops are its own, the linear layers are shared. Measured on the 800-line mix at 256 rows
-# (paired runs, one core each): 56 or a single group were 6-20% slower, 4 the same.
+# ops are its own, the linear layers are shared, so it is much smaller; chosen by paired
+# runs on the 800-line mix (docs/performance.md).
 GROUP_FIXED_TOKENS = 12
 
 

@@ -8,11 +8,10 @@ parallelism across the cores instead of intra-op threads.
 Why: this model's matrices are small (d_model 192), so a forward pass is ~100 short ops,
 and splitting each over two OpenMP threads is mostly synchronisation; worse, when anything
 else (the event loop, the load) takes a core for a moment, every op waits for its preempted
-thread (a 10% competitor cost the engine 14-45% on a Zen 4 host). Two single-threaded engines
-in their own processes share nothing per op: offline, on an AMD EPYC Zen 4
-host, two of them at 32 rows each ran 324-333 seq/s against 230-266 for one engine with two
-threads at 64 rows, and 387-437 at 64 rows each (``docs/performance.md``). (Two runners in
-one process serialise their Python on the interpreter lock: measured, not worth it.)
+thread. Two single-threaded engines in their own processes share nothing per op, and serve
+more than one engine with two threads (figures: ``docs/performance.md``, "Measurements
+behind the code"). Two runners in one process would serialise their Python on the
+interpreter lock.
 
 Routing: each request goes to the running replica with the fewest rows outstanding
 (ties: round robin). Identical requests in flight share one generation here, before routing

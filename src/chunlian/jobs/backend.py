@@ -156,8 +156,8 @@ def build_jobs(settings: Settings, service: Any) -> JobsBackend:
         """Interactive sequences in the engine now (0 when not ready). Counted by the service,
         not read from a scheduler: with engine replicas (the default on a CPU) the schedulers
         live in child processes, where an in-process reading finds nothing, and bulk jobs
-        would never yield (an in-process job would take interactive misses from 91 to 46
-        requests/s on 2 Zen 2 cores)."""
+        would never yield: an in-process job would take a large share of the interactive
+        misses' throughput (``docs/performance.md``, "Measurements behind the code")."""
         svc = service()
         return int(getattr(svc, "interactive_seqs", 0) or 0)
 

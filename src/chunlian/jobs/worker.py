@@ -119,7 +119,7 @@ class LocalExecutor:
     def _reset(self) -> None:
         runner = self.gen.runner
         if runner.n_live:
-            runner.release(list(runner.live_ids))
+            runner.release(runner.live_ids())
 
     def run(self, specs: Sequence[Spec]) -> list[Outcome]:
         _hooks_before_run(specs)

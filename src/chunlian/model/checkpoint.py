@@ -63,8 +63,8 @@ def load_weights(path: Path | None = None, device: str = "cpu") -> LoadedModel:
     """Load a shipped or exported model; raises ``ModelError`` with the reason.
 
     Inference runs in float32. On a CPU the tied LM head runs on oneDNN (``model.onednn``:
-    the same logits, 2x faster at 128 rows on AMD hosts; ``model.lm_head = None`` puts
-    PyTorch's kernel back)."""
+    the same logits, faster on AMD hosts; ``model.lm_head = None`` puts PyTorch's kernel
+    back)."""
     from safetensors import safe_open
 
     path = path or DEFAULT_WEIGHTS

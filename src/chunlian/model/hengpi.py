@@ -97,7 +97,7 @@ def theme_profile(text: str) -> dict[str, float]:
     """Share of ``text``'s theme hits that falls on each theme (sums to 1, or empty)."""
     counts: dict[str, int] = {}
     for ch in text:
-        for t in _CHAR_THEMES.get(ch, ()):  # a plain dict: Counter.update cost 3x as much
+        for t in _CHAR_THEMES.get(ch, ()):  # a plain dict: Counter.update costs several times as much
             counts[t] = counts.get(t, 0) + 1
     total = sum(counts.values())
     return {t: n / total for t, n in counts.items()} if total else {}

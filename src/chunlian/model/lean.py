@@ -4,10 +4,9 @@ A continuous-batching engine spends most steps decoding only (one new token a li
 prompt joining), and a lone request's steps are all of that kind. At one row the model's
 products are small and a step's time is largely Python: some fifty module calls (hooks
 checks, attribute lookups), the ``Group`` bookkeeping that mixes decode and prefill rows,
-and no-op dtype conversions. On an Intel Xeon (AMX) host the general
-``forward_groups`` took a median 1.76-1.84 ms a one-row decode step and this path 1.36-1.43 ms
-(0.78-0.79x; at 8 rows 0.76-0.84x), interleaved; at a step of 128 rows the products dominate
-and it changes little.
+and no-op dtype conversions. This path skips them: a one-row or few-row decode step takes
+markedly less time than through the general ``forward_groups``; at a step of 128 rows
+the products dominate and it changes little (``docs/performance.md``).
 
 ``decode_step(model, gi, cache)`` is ``model.forward_groups([gi], cache)`` for one decode
 group: the embeddings, the additive mask, then per block LayerNorm, the QKV product, the

@@ -1,34 +1,32 @@
 """The tied LM head through oneDNN on pre-packed weights (fp32, CPU; on by default).
 
 PyTorch's CPU ``F.linear`` calls MKL's ``sgemm``. On AMD CPUs MKL takes a generic code path,
-and for the LM head's shape (``[N, 192] @ [192, 7703]``) it is slow there. Measured on the
-AVX2-only AMD EPYC host (2 threads, weights in cache): 390 us at 1 row,
-2.5 ms at 4 rows, 8.7 ms at 128 rows, against 190 us, 0.27 ms and 4.1 ms through oneDNN
-(bundled with PyTorch; its kernels are chosen by instruction set, not by vendor) with the
-weight packed once into oneDNN's blocked layout. The block layers were measured too and are
-left to MKL: 5-10% faster at 128 rows through oneDNN but slower under 16 rows (~35 us more
-fixed cost a call), and no gain end to end in interleaved runs.
+and for the LM head's shape (``[N, 192] @ [192, 7703]``) it is slow there: oneDNN (bundled
+with PyTorch; its kernels are chosen by instruction set, not by vendor), with the weight
+packed once into oneDNN's blocked layout, is much faster at every row count, the most at a
+few rows. The block layers are left to MKL: through oneDNN they gain a little at
+128 rows, lose under 16 rows (a larger fixed cost a call), and gain nothing end to end.
+Figures and how to measure them (``benchmarks/head_kernel.py``): ``docs/performance.md``.
 
-**Same numbers.** On that host oneDNN's sums over the model width came out bitwise equal to
-MKL's, and a row's logits are the same whatever the number of rows around it: the 800-line
-benchmark mix gave the same 800 answers at 128 rows, and 100 of them alone, as PyTorch's
-kernel (``benchmarks/head_kernel.py``). The model tag is therefore unchanged.
+**Same numbers.** On an AVX2 AMD EPYC, oneDNN's sums over the model width come out bitwise
+equal to MKL's, and a row's logits are the same whatever the number of rows around it: the
+800-line benchmark mix gives the same 800 answers at 128 rows, and 100 of them alone, as
+PyTorch's kernel (``benchmarks/head_kernel.py``). The model tag is therefore unchanged.
 ``tests/unit/test_onednn.py`` checks the batch invariance and the closeness on the machine it
 runs on.
 
-**Row buckets.** oneDNN builds a kernel ("primitive") for every new row count, 1.2-2.1 ms
-each here, and caches 1,024 of them; a continuous-batching step's row count takes hundreds
+**Row buckets.** oneDNN builds a kernel ("primitive") for every new row count, a millisecond
+or two each, and caches 1,024 of them; a continuous-batching step's row count takes hundreds
 of values, so from ``MIN_BUCKETED_ROWS`` rows on they are padded up to a multiple of
 ``ROW_BUCKET`` (the padded rows' logits are dropped); below it each row count gets its own
 kernel (a lone request's step, a narrow beam).
 
-**Intel CPUs: PyTorch's kernel from 64 rows.** MKL's own CPUs were not what the head was moved
-for. On an Intel Xeon (AMX; 2 threads, 30 interleaved rounds a size) oneDNN
-took 0.58-0.76x MKL's time at 4-32 rows but 1.03-1.26x at 56-128 rows, where a busy engine runs,
-and 1.16-1.36x at 1-2 rows. There the head hands ``PYTORCH_FROM_ROWS`` rows and more to
-``F.linear``; under it oneDNN keeps even a lone row's logits batch-invariant (MKL sums a single
+**Intel CPUs: PyTorch's kernel from 64 rows.** MKL's own CPUs are not what the head is moved
+for. On an Intel Xeon (AMX) oneDNN is the faster at 4-32 rows but the slower at 56-128 rows,
+where a busy engine runs, and at 1-2 rows (``docs/performance.md``). There the head hands
+``PYTORCH_FROM_ROWS`` rows and more to ``F.linear``; under it oneDNN keeps even a lone row's logits batch-invariant (MKL sums a single
 row, a matrix-vector product, in another order: up to 2.5e-6 apart), and from 4 rows the two
-kernels' logits were bitwise equal on both hosts, so the switch changes no answer.
+kernels' logits are bitwise equal on both kinds of CPU, so the switch changes no answer.
 ``tests/unit/test_onednn.py`` checks that on the machine it runs on.
 
 Not used on CUDA (cuBLAS is the right kernel there).
