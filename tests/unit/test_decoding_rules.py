@@ -22,6 +22,7 @@ from chunlian.model.tokenizer import Tokenizer
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
 from chunlian.text import CLAUSE_PUNCT, is_han, tone_class
 from chunlian.types import CoupletRequest, DecodeParams
+from tests.unit.runner_util import run_all
 
 torch.set_num_threads(1)
 
@@ -62,7 +63,7 @@ def _runner() -> ModelRunner:
 
 def _generate(req: CoupletRequest) -> list[SeqOutput]:
     specs = expand(req, 0)
-    out = _runner().run_all(specs)
+    out = run_all(_runner(), specs)
     assert sorted(out) == [s.seq_id for s in specs]
     return [out[s.seq_id] for s in specs]
 

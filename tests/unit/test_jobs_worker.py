@@ -227,30 +227,44 @@ def test_an_engine_url_worker_says_why_the_engine_refused(status: int, body: obj
         HttpExecutor("http://engine.test", client=client).run([{"upper": "春回大地千山秀"}])
 
 
-def test_a_batch_failing_mid_way_raises_its_own_error_and_frees_its_rows() -> None:
-    """The shipped model in a ``LocalExecutor``, one decoding step raising while rows are live:
-    that error reaches the caller, the KV cache keeps no rows, and the next batch runs."""
+def test_a_batch_failing_mid_way_surfaces_its_own_error_and_frees_its_rows() -> None:
+    """The shipped model in a ``LocalExecutor``. A decoding step raising while rows are live
+    fails the items in it with a model error naming that exception; a failure outside the
+    step (here the scheduler's) reaches the caller as itself. Either way the KV cache keeps
+    no rows and the next batch runs."""
     from chunlian.data.blocklist import default_blocklist
+    from chunlian.errors import ModelError
     from chunlian.jobs.worker import LocalExecutor
     from chunlian.offline import OfflineGenerator
 
     gen = OfflineGenerator.load(None, "cpu", capacity=8, blocklist=default_blocklist())
-    runner = gen.runner
-    real_step = runner.step
-    steps = 0
+    runner, scheduler = gen.runner, gen.core.scheduler
+    real_step, real_plan = runner.step, scheduler.plan
+    calls = {"step": 0, "plan": 0}
 
     def failing_step(specs):  # type: ignore[no-untyped-def]
-        nonlocal steps
-        steps += 1
-        if steps == 3:  # after the prefill and a decoding step: rows are live
+        calls["step"] += 1
+        if calls["step"] == 3:  # after the prefill and a decoding step: rows are live
             assert runner.n_live > 0
             raise RuntimeError("step 3 failed")
         return real_step(specs)
 
     runner.step = failing_step  # type: ignore[method-assign]
     ex = LocalExecutor(gen, batch_size=4)
-    with pytest.raises(RuntimeError, match="step 3 failed"):
-        ex.run([s for _, s in chunk(TEXTS[:4])])
+    out = ex.run([s for _, s in chunk(TEXTS[:4])])
+    assert len(out) == 4 and all(isinstance(o, ModelError) and "RuntimeError" in str(o) for o in out)
     assert runner.n_live == 0 and runner.live_ids() == []
+
+    def failing_plan(now_s: float):  # type: ignore[no-untyped-def]
+        calls["plan"] += 1
+        if calls["plan"] == 3:
+            assert runner.n_live > 0
+            raise LookupError("plan 3 failed")
+        return real_plan(now_s)
+
+    scheduler.plan = failing_plan  # type: ignore[method-assign]
+    with pytest.raises(LookupError, match="plan 3 failed"):
+        ex.run([s for _, s in chunk(TEXTS[:4])])
+    assert runner.n_live == 0 and not gen.core.has_unfinished
     out = ex.run([s for _, s in chunk(TEXTS[4:6])])  # the freed rows serve the next batch
     assert [len(o.best.lower) for o in out if isinstance(o, CoupletResult)] == [7, 7]

@@ -10,6 +10,7 @@ import torch
 from chunlian.model.checkpoint import load_weights
 from chunlian.model.lean import _plain_params, decode_step
 from chunlian.model.transformer import CoupletTransformer, GroupInput, KVCache, ModelConfig
+from tests.unit.runner_util import run_all
 
 
 def _decode_input(B: int, row0: int, S: int, seed: int) -> GroupInput:
@@ -74,7 +75,7 @@ def test_the_runner_answers_the_same_on_the_general_path(monkeypatch: pytest.Mon
 
     def run() -> dict[str, str]:
         specs = [SeqSpec(seq_id=i, style="traditional", upper=u, upper_len=len(u)) for i, u in enumerate(uppers)]
-        return {uppers[o.seq_id]: o.lower for o in ModelRunner(loaded, 3).run_all(specs).values()}
+        return {uppers[o.seq_id]: o.lower for o in run_all(ModelRunner(loaded, 3), specs).values()}
 
     lean = run()
     monkeypatch.setattr(runner_mod, "decode_step", lambda model, gi, cache: model.forward_groups([gi], cache))

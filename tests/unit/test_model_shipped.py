@@ -16,6 +16,7 @@ from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS, LoadedMo
 from chunlian.model.tokenizer import PREFIX_LEN, lower_role, upper_role
 from chunlian.model.transformer import KVCache
 from chunlian.text import is_han, tone_class
+from tests.unit.runner_util import run_all
 
 torch.set_num_threads(1)
 
@@ -37,7 +38,7 @@ def specs(greedy: bool = True, first_id: int = 0) -> list[SeqSpec]:
 
 
 def lowers(runner: ModelRunner, batch: list[SeqSpec]) -> dict[str, str]:
-    out = runner.run_all(batch)
+    out = run_all(runner, batch)
     by_id = {s.seq_id: s.upper for s in batch}
     return {by_id[o.seq_id]: o.lower for o in out.values()}  # type: ignore[misc]
 

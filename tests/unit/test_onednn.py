@@ -13,6 +13,7 @@ from chunlian.engine.runner import ModelRunner
 from chunlian.model import onednn
 from chunlian.model.checkpoint import load_weights
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
+from tests.unit.runner_util import run_all
 
 pytestmark = pytest.mark.skipif(not onednn.onednn_supported(), reason="this torch build has no oneDNN")
 
@@ -89,7 +90,7 @@ def test_shipped_model_answers_are_pytorch_kernels_answers() -> None:
 
     def run(lm: object, capacity: int) -> dict[str, str]:
         batch = [SeqSpec(seq_id=i, style="traditional", upper=u, upper_len=len(u)) for i, u in enumerate(UPPERS)]
-        out = ModelRunner(lm, capacity).run_all(batch)  # type: ignore[arg-type]
+        out = run_all(ModelRunner(lm, capacity), batch)  # type: ignore[arg-type]
         return {UPPERS[o.seq_id]: o.lower for o in out.values()}
 
     batched, alone, before = run(fast, 16), run(fast, 1), run(slow, 16)

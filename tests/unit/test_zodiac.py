@@ -16,6 +16,7 @@ from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ConfigError
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.zodiac import animal, campaign_year, off_year_terms, with_zodiac
+from tests.unit.runner_util import run_all
 
 # lines of the validation splits whose greedy 下联 names another year without the rule
 # (紫燕飞来寻玉兔 -> 红梅绽放醉金鸡, 玉兔迎春前景美 -> 金龙送岁小康宁, 龙年百卉齐争艳 ->
@@ -45,7 +46,7 @@ def test_off_year_terms_spare_the_year_and_the_one_it_follows() -> None:
 
 def _lowers(blocklist_year: int | None) -> list[str]:
     runner = ModelRunner(shipped(), 8, blocklist=with_zodiac(default_blocklist(), blocklist_year))
-    out = runner.run_all([SeqSpec(seq_id=i, style="traditional", upper=u, upper_len=len(u))
+    out = run_all(runner, [SeqSpec(seq_id=i, style="traditional", upper=u, upper_len=len(u))
                           for i, u in enumerate(UPPERS)])
     return [out[i].lower for i in range(len(UPPERS))]
 

@@ -364,21 +364,6 @@ class ModelRunner:
         lp = torch.log_softmax(logits, dim=-1).gather(1, choice[:, None])[:, 0].tolist()
         return dict(zip(want, lp, strict=True))
 
-    # ---- offline helper ----------------------------------------------------------------
-    def run_all(self, specs: list[SeqSpec]) -> dict[int, SeqOutput]:
-        """Generate every spec, admitting new ones as rows free up (CLI, eval, warm-up)."""
-        pending = list(specs)
-        out: dict[int, SeqOutput] = {}
-        while pending or self.rows:
-            free = self.capacity - self.n_live
-            batch: list[SeqSpec] = []
-            while pending and pending[0].rows <= free and not (self.padded_batches and self.rows):
-                free -= pending[0].rows
-                batch.append(pending.pop(0))
-            for o in self.step(batch):
-                out[o.seq_id] = o
-        return out
-
 
 def _beam_output(g: BeamGroup) -> SeqOutput:
     """A finished beam search: its best line, with every surviving line best first."""

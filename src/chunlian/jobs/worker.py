@@ -116,20 +116,14 @@ class LocalExecutor:
         log.info("worker %d loaded %s on %s", os.getpid(), gen.loaded.tag, device)
         return cls(gen, settings.max_batch_size, QualityModel(device, settings.generation_blocklist()))
 
-    def _reset(self) -> None:
-        runner = self.gen.runner
-        if runner.n_live:
-            runner.release(runner.live_ids())
-
     def run(self, specs: Sequence[Spec]) -> list[Outcome]:
         _hooks_before_run(specs)
         return split_run(specs, self._run_plain, self.quality.run)
 
     def _run_plain(self, specs: Sequence[Spec]) -> list[Outcome]:
-        try:
-            return list(self.gen.generate([request_of(s) for s in specs]))
-        finally:
-            self._reset()  # an exception mid-batch must not leave rows in the KV cache
+        # a failed step is each of its items' error; an exception that escapes the batch
+        # leaves no row in the KV cache (``OfflineGenerator.run``)
+        return list(self.gen.generate([request_of(s) for s in specs]))
 
 
 def split_run(specs: Sequence[Spec], plain: Callable[[Sequence[Spec]], Sequence[Outcome]],
