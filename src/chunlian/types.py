@@ -34,7 +34,7 @@ class BeamParams:
         return self.channel_weight > 0 or self.rescore_weight > 0
 
     def as_dict(self) -> dict[str, object]:
-        return {"width": self.width, "channel": self.channel_weight, "rescore": self.rescore_weight}
+        return {"width": self.width, "channel_weight": self.channel_weight, "rescore_weight": self.rescore_weight}
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,8 @@ class DecodeParams:
     def as_dict(self) -> dict[str, object]:
         """The fields as a plain dict (``dataclasses.asdict`` copies recursively: it cost
         the event loop a measurable share of each request)."""
-        d: dict[str, object] = {"n": self.n, "seed": self.seed, "temperature": self.temperature,
-                                "top_k": self.top_k, "top_p": self.top_p}
-        if self.beam is not None:
-            d["beam"] = self.beam.as_dict()
-        return d
+        return {"n": self.n, "seed": self.seed, "temperature": self.temperature, "top_k": self.top_k,
+                "top_p": self.top_p, "beam": None if self.beam is None else self.beam.as_dict()}
 
 
 # CoupletRequest.identity(): upper, heads, keyword, length, style, decoding parameters

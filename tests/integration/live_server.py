@@ -26,9 +26,9 @@ import pytest
 import uvicorn
 
 from chunlian.api import create_app
-from chunlian.api.service import EngineLike
 from chunlian.cluster.nginx import NginxConfig
 from chunlian.config import DEFAULT_WARMUP, Settings
+from chunlian.engine.client import EngineClient
 from chunlian.model.checkpoint import DEFAULT_WEIGHTS
 
 # Characters every test input uses, besides the 横批 list and the style lexicons.
@@ -84,7 +84,7 @@ def free_socket() -> socket.socket:
 class LiveServer:
     """``create_app(settings, engine)`` under uvicorn in a background thread."""
 
-    def __init__(self, settings: Settings, engine: EngineLike | None = None) -> None:
+    def __init__(self, settings: Settings, engine: EngineClient | None = None) -> None:
         self.app = create_app(settings, engine=engine)
         self.runtime = self.app.state.runtime
         self._sock = free_socket()
@@ -130,7 +130,7 @@ class LiveServer:
 
 
 @contextmanager
-def serving(settings: Settings, engine: EngineLike | None = None) -> Iterator[LiveServer]:
+def serving(settings: Settings, engine: EngineClient | None = None) -> Iterator[LiveServer]:
     """A started server, once it is ready; stopped on the way out, whatever happened."""
     server = LiveServer(settings, engine).start()
     try:

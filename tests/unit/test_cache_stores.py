@@ -8,7 +8,7 @@ import pytest
 
 from chunlian.cache import CacheUnavailable, MemoryStore, RedisStore, ResultCache, cache_key
 from chunlian.cache.codec import decode_result, encode_result
-from chunlian.types import Couplet, CoupletRequest, CoupletResult, DecodeParams
+from chunlian.types import BeamParams, Couplet, CoupletRequest, CoupletResult, DecodeParams
 
 
 class Clock:
@@ -205,3 +205,17 @@ def test_decode_params_as_dict_holds_every_field() -> None:
     p = DecodeParams(n=3, seed=7, temperature=0.5, top_k=9, top_p=0.5)
     assert p.as_dict() == asdict(p)
     assert set(p.as_dict()) == {f.name for f in fields(DecodeParams)}
+    beamed = DecodeParams(n=2, beam=BeamParams(8, 0.5, 0.25))
+    assert beamed.as_dict() == asdict(beamed)
+
+
+def test_beam_requests_key_on_their_search_not_their_seed() -> None:
+    """A beam answer is deterministic: seed and sampling parameters never split its key,
+    and every search parameter does; greedy and sampled keys read as they do without beams."""
+    def key(**kw: object) -> str:
+        return cache_key("m@1", CoupletRequest(upper="春回大地", params=DecodeParams(**kw)))  # type: ignore[arg-type]
+
+    assert key(beam=BeamParams(8)) == key(beam=BeamParams(8), seed=3, temperature=0.1)
+    assert len({key(beam=BeamParams(8)), key(beam=BeamParams(16)), key(beam=BeamParams(8, 0.5)),
+                key(beam=BeamParams(8, 0.0, 0.5)), key(n=2, beam=BeamParams(8)), key()}) == 6
+    assert key(seed=5) != key(seed=5, beam=BeamParams(8))

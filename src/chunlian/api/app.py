@@ -27,8 +27,8 @@ from chunlian.api.jobs_routes import router as jobs_router
 from chunlian.api.middleware import ServiceMiddleware
 from chunlian.api.routes import WEB_DIR, router
 from chunlian.api.runtime import Runtime
-from chunlian.api.service import EngineLike
 from chunlian.config import Settings
+from chunlian.engine.client import EngineClient
 from chunlian.jobs.backend import build_jobs
 from chunlian.jobs.monitor import JobsMonitor
 
@@ -67,7 +67,7 @@ class ChunlianAPI(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-def create_app(settings: Settings, engine: EngineLike | None = None) -> FastAPI:
+def create_app(settings: Settings, engine: EngineClient | None = None) -> FastAPI:
     """The service app; ``engine`` (already built, not started) replaces the one from settings."""
     runtime = Runtime(settings, engine)
     jobs = build_jobs(settings, lambda: runtime.service if runtime.serving else None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -22,6 +22,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from chunlian.engine.stats import StepReport
 
 log = logging.getLogger("chunlian.metrics")
 
@@ -48,14 +50,6 @@ ENGINE_GAUGES = (
     ("chunlian_queue_capacity", "max_queue_size", "Most requests the queue holds before rejecting."),
     ("chunlian_engine_running", "running", "Sequences in the running batch."),
 )
-
-
-class StepReportLike(Protocol):
-    """What the engine reports after each step."""
-
-    batch_size: int
-    step_s: float
-    tokens: int
 
 
 class _EngineCollector(Collector):
@@ -194,7 +188,7 @@ class ServiceMetrics:
         if self.redis_up is not None:
             self.redis_up.set(1 if up else 0)
 
-    def on_step(self, report: StepReportLike) -> None:
+    def on_step(self, report: StepReport) -> None:
         """Engine step listener (runs on the engine thread)."""
         self.batch_size.observe(report.batch_size)
         self.step_seconds.observe(report.step_s)

@@ -20,15 +20,16 @@ import time
 
 from chunlian.api.drain import Drain
 from chunlian.api.metrics import ServiceMetrics
-from chunlian.api.service import CoupletService, EngineLike
+from chunlian.api.service import CoupletService
 from chunlian.api.warmup import warm_local
 from chunlian.cache import RedisStore, ResultCache, build_cache
 from chunlian.config import Settings
+from chunlian.engine.client import EngineClient
 
 log = logging.getLogger("chunlian.api")
 
 
-def _build_engine(settings: Settings) -> EngineLike:
+def _build_engine(settings: Settings) -> EngineClient:
     from chunlian.engine.config import EngineConfig
 
     config = EngineConfig.from_settings(settings)
@@ -44,14 +45,14 @@ def _build_engine(settings: Settings) -> EngineLike:
 class Runtime:
     """Settings, metrics, cache, engine and readiness of one app instance."""
 
-    def __init__(self, settings: Settings, engine: EngineLike | None = None) -> None:
+    def __init__(self, settings: Settings, engine: EngineClient | None = None) -> None:
         self.settings = settings
         self.metrics = ServiceMetrics(settings.max_queue_size, redis_configured=bool(settings.redis_url))
         self.cache: ResultCache = build_cache(
             settings, on_lookup=self.metrics.on_cache_lookup, on_redis_state=self.metrics.on_redis_state
         )
         self.metrics.init_cache_stores(s.name for s in self.cache.stores)
-        self.engine: EngineLike | None = engine
+        self.engine: EngineClient | None = engine
         self.service: CoupletService | None = None
         self.ready = False
         self.drain = Drain()

@@ -19,47 +19,17 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 from chunlian.cache import ResultCache, cache_key
 from chunlian.config import EngineSettings
+from chunlian.engine.client import EngineClient
 from chunlian.errors import Cancelled, DeadlineExceeded
 from chunlian.types import CoupletRequest, CoupletResult
 
 # a request's deadline when it sets none: CHUNLIAN_DEFAULT_TIMEOUT_MS's default, unless given
 DEFAULT_TIMEOUT_S = EngineSettings.defaults().default_timeout_ms / 1000.0
-
-
-class EngineLike(Protocol):
-    """The part of ``chunlian.engine.Engine`` the service uses."""
-
-    @property
-    def model_tag(self) -> str:
-        """``name@version`` of the model answering."""
-        ...
-
-    @property
-    def stats(self) -> Any:
-        """The engine's counters (``EngineStats``), read by the metrics at scrape time."""
-        ...
-
-    async def start(self) -> None:
-        """Start the step loop."""
-        ...
-
-    async def stop(self) -> None:
-        """Stop; every pending request fails with ``EngineStopped``."""
-        ...
-
-    async def generate(self, req: CoupletRequest) -> CoupletResult:
-        """Generate one request (raises ``Overloaded``, ``DeadlineExceeded``, ...)."""
-        ...
-
-    def add_step_listener(self, fn: Callable[[Any], None]) -> None:
-        """Call ``fn(StepReport)`` on the engine thread after each step."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -73,7 +43,7 @@ class Answer:
 class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
-    def __init__(self, engine: EngineLike, cache: ResultCache, default_timeout_s: float = DEFAULT_TIMEOUT_S,
+    def __init__(self, engine: EngineClient, cache: ResultCache, default_timeout_s: float = DEFAULT_TIMEOUT_S,
                  rules_tag: str = "") -> None:
         self.engine = engine
         self.cache = cache

@@ -22,7 +22,9 @@ def _decoding(params: DecodeParams) -> dict[str, object]:
         return {"greedy": True}
     if params.beam is not None:  # a search ignores seed and sampling parameters
         return {"n": params.n, "beam": params.beam.as_dict()}
-    return params.as_dict()
+    d = params.as_dict()
+    del d["beam"]  # None here: sampled keys read as they do without beams
+    return d
 
 
 def cache_key(model_tag: str, req: CoupletRequest) -> str:

@@ -51,7 +51,7 @@ STOP_LIMIT_S = 15.0
 
 
 class ProcessEngine:
-    """``Engine``'s interface (``api.service.EngineLike``) over an engine in a child process."""
+    """An ``EngineClient`` over an engine core in a child process."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config

@@ -35,9 +35,9 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
-from typing import Protocol
 
 from chunlian import errors as E
+from chunlian.engine.client import EngineClient
 from chunlian.engine.coalesce import InFlight, Submitted
 from chunlian.engine.config import EngineConfig
 from chunlian.engine.stats import EngineStats, StepReport
@@ -48,24 +48,6 @@ log = logging.getLogger("chunlian.engine")
 SUPERVISE_EVERY_S = 0.5
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the 1st, 2nd, ... failed start in a row
 GAUGES = frozenset({"queue_depth", "running", "max_queue_size"})  # EngineStats fields that are not counters
-
-
-class Replica(Protocol):
-    """What the dispatcher needs of one engine (``ProcessEngine``; fakes in the tests)."""
-
-    model_tag: str
-    stats: EngineStats
-
-    @property
-    def running(self) -> bool: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def generate(self, req: CoupletRequest) -> CoupletResult: ...
-
-    def add_step_listener(self, fn: Callable[[StepReport], None]) -> None: ...
 
 
 def share(total: int, parts: int, index: int) -> int:
@@ -85,10 +67,10 @@ def replica_config(config: EngineConfig, index: int) -> EngineConfig:
 
 
 class ReplicatedEngine:
-    """``Engine``'s interface (``api.service.EngineLike``) over several engines."""
+    """An ``EngineClient`` over several engine processes."""
 
-    def __init__(self, config: EngineConfig, replicas: Sequence[Replica],
-                 factory: Callable[[int], Replica] | None = None) -> None:
+    def __init__(self, config: EngineConfig, replicas: Sequence[EngineClient],
+                 factory: Callable[[int], EngineClient] | None = None) -> None:
         if not replicas:
             raise ValueError("ReplicatedEngine needs at least one replica")
         self.config = config
@@ -116,7 +98,7 @@ class ReplicatedEngine:
                         "will take turns on the cores (set CHUNLIAN_ENGINE_REPLICAS=0 or "
                         "CHUNLIAN_TORCH_THREADS=0 to fit them)", n, threads, cores)
 
-        def factory(i: int) -> Replica:
+        def factory(i: int) -> EngineClient:
             return ProcessEngine(replica_config(config, i))
 
         return cls(config, [factory(i) for i in range(n)], factory)
