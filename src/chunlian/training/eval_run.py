@@ -2,7 +2,7 @@
 
 The metric definitions live in ``chunlian.training.evaluate``. Generation is greedy
 (the service's default answer), batched through the offline runner, or constrained beam
-search with ``beam > 1`` (``chunlian.model.beam``).
+search with ``beam > 1`` (a beam request of the engine core: ``chunlian.engine.beams``).
 """
 
 from __future__ import annotations
