@@ -61,11 +61,15 @@ class RawConnection:
         self.last_used = 0.0
 
     async def post(self, path: str, body: bytes) -> tuple[str, bool | None]:
+        # the load generator's hot path: ``request`` inlined (one coroutine less a request)
         try:
-            status, _headers, data = await self.request(b"POST", path, body)
+            async with asyncio.timeout(self.timeout_s):
+                status, _headers, data = await self._exchange(path, body, b"POST")
         except TimeoutError:
+            self.close()
             return "timeout", None
         except TRANSPORT_ERRORS as e:
+            self.close()
             return f"transport:{type(e).__name__}", None
         return parse_answer(status, data)
 
