@@ -22,7 +22,8 @@ RUN --mount=type=secret,id=pip_ca,target=/run/secrets/pip_ca \
     echo "torch==$(echo "${TORCH_WHEEL}" | cut -d- -f2)" > /wheels/constraints.txt \
     && PIP_CERT=/run/secrets/pip_ca /opt/chunlian/bin/pip install --find-links /wheels \
        --constraint /wheels/constraints.txt "/wheels/${TORCH_WHEEL}"
-# the other dependencies, read from pyproject.toml: reused until it changes
+# the serving set: [project] dependencies from pyproject.toml, no extras (eval, plot, dev);
+# reused until it changes
 COPY pyproject.toml /src/
 RUN --mount=type=secret,id=pip_ca,target=/run/secrets/pip_ca \
     /opt/chunlian/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' > /wheels/requirements.txt \

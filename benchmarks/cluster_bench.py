@@ -2,8 +2,8 @@
 
 1. Cache-miss throughput through nginx: 1 instance (torch threads = all cores), 1 instance
    (1 thread) and N instances (cores // N threads each) — unique upper lines, concurrency 32,
-   ~20 s each. CPU seconds used by each process (instances, nginx, this load generator) are
-   read from /proc, so the report says where the cores went.
+   ~20 s each. The CPU seconds of each role's process trees (instances, nginx, this load
+   generator; ``chunlian.bench.cpu``) say where the cores went.
 2. The overhead of nginx itself: one instance, cache-hit requests (one primed upper line),
    direct to the instance vs through nginx, alternated twice; ratio of throughputs and the
    latency nginx adds. Also nginx's own ceiling (``/nginx-health``, answered by nginx alone).
@@ -12,8 +12,9 @@
 
 Needs nginx (scripts/install-nginx.sh) and Redis; uses Redis db 10 (flushed at start; no
 other suite uses it).
-The load generator is a minimal keep-alive HTTP/1.1 client on asyncio streams, so that the
-client costs as little CPU as possible on a small machine (it still shares the cores).
+The load generator is ``chunlian.bench.rawhttp.RawConnection`` (keep-alive HTTP/1.1 on asyncio
+streams), so that the client costs as little CPU as possible on a small machine (it still
+shares the cores).
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from chunlian.bench.common import percentile
+from chunlian.bench.cpu import CLIENT, HOST, OTHER, CpuWindow, wait_quiet
+from chunlian.bench.rawhttp import EXCHANGE_ERRORS, RawConnection
 from chunlian.cluster.launcher import Cluster, ClusterSpec
 from chunlian.cluster.procs import free_port
 
 REDIS_URL = "redis://127.0.0.1:6379/10"
 ROOT = Path(__file__).resolve().parents[1]
 HIT_UPPER = "春回大地千山秀"
-CLK = os.sysconf("SC_CLK_TCK")
+TIMEOUT_S = 120.0  # one request; a cache miss on a busy 2-core host takes seconds
+QUIET_CORES = 0.25  # a machine is quiet enough to measure below this many busy cores
 
 
 # ---- load generator ----------------------------------------------------------------------------
@@ -52,58 +57,30 @@ class Stats:
         self.non200: list[dict[str, Any]] = []  # a few samples, to tell who answered what
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
-    status_line = await reader.readline()
-    if not status_line:
-        raise ConnectionError("connection closed")
-    status = int(status_line.split()[1])
-    headers: dict[str, str] = {}
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            break
-        k, _, v = line.decode("latin-1").partition(":")
-        headers[k.strip().lower()] = v.strip()
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return status, headers, body
-
-
 async def _connection(host: str, port: int, make: Callable[[], tuple[str, str, bytes]],
                       stop_at: float, stats: Stats, record_from: float) -> None:
-    reader = writer = None
+    conn = RawConnection(host, port, TIMEOUT_S)
     while time.perf_counter() < stop_at:
+        method, path, body = make()
+        t0 = time.perf_counter()
         try:
-            if writer is None:
-                reader, writer = await asyncio.open_connection(host, port)
-            assert reader is not None
-            method, path, body = make()
-            head = (f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()
-            t0 = time.perf_counter()
-            writer.write(head + body)
-            status, headers, payload = await _read_response(reader)
-            t1 = time.perf_counter()
-            if t0 >= record_from:
-                stats.lat.append(t1 - t0)
-                stats.status[status] += 1
-                stats.instances[headers.get("x-chunlian-instance", "nginx")] += 1
-                if status == 200 and path.startswith("/v1/"):
-                    stats.cached[b'"cached":true' in payload] += 1
-                elif status != 200 and len(stats.non200) < 5:
-                    stats.non200.append({"status": status, "by": headers.get("x-chunlian-instance", "nginx"),
-                                         "request_id": headers.get("x-request-id"),
-                                         "body": payload[:200].decode("utf-8", "replace")})
-            if headers.get("connection", "").lower() == "close":
-                writer.close()
-                writer = None
-        except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as e:
+            status, headers, payload = await conn.request(method.encode(), path, body)
+        except EXCHANGE_ERRORS as e:
             stats.errors[type(e).__name__] += 1
-            if writer is not None:
-                writer.close()
-            writer = None
             await asyncio.sleep(0.05)
-    if writer is not None:
-        writer.close()
+            continue
+        t1 = time.perf_counter()
+        if t0 >= record_from:
+            stats.lat.append(t1 - t0)
+            stats.status[status] += 1
+            stats.instances[headers.get("x-chunlian-instance", "nginx")] += 1
+            if status == 200 and path.startswith("/v1/"):
+                stats.cached[b'"cached":true' in payload] += 1
+            elif status != 200 and len(stats.non200) < 5:
+                stats.non200.append({"status": status, "by": headers.get("x-chunlian-instance", "nginx"),
+                                     "request_id": headers.get("x-request-id"),
+                                     "body": payload[:200].decode("utf-8", "replace")})
+    conn.close()
 
 
 def load(url: str, make: Callable[[], tuple[str, str, bytes]], concurrency: int, duration: float,
@@ -124,11 +101,11 @@ def load(url: str, make: Callable[[], tuple[str, str, bytes]], concurrency: int,
 
 
 def summary(stats: Stats, duration: float) -> dict[str, Any]:
-    lat = sorted(stats.lat)
+    lat = stats.lat
     ok = stats.status.get(200, 0)
 
     def pct(p: float) -> float | None:
-        return round(lat[min(len(lat) - 1, int(p * len(lat)))] * 1000, 2) if lat else None
+        return round(percentile(lat, p) * 1000, 2) if lat else None
 
     return {
         "rps": round(ok / duration, 1),
@@ -136,9 +113,9 @@ def summary(stats: Stats, duration: float) -> dict[str, Any]:
         "ok": ok,
         "status": dict(stats.status),
         "errors": dict(stats.errors),
-        "p50_ms": pct(0.50),
-        "p90_ms": pct(0.90),
-        "p99_ms": pct(0.99),
+        "p50_ms": pct(50),
+        "p90_ms": pct(90),
+        "p99_ms": pct(99),
         "by_instance": dict(stats.instances),
         "cached": {str(k).lower(): v for k, v in stats.cached.items()},
         "non_200_samples": stats.non200,
@@ -146,54 +123,25 @@ def summary(stats: Stats, duration: float) -> dict[str, Any]:
 
 
 # ---- CPU accounting ----------------------------------------------------------------------------
-def _cpu_s(pid: int) -> float:
-    """utime + stime (+ reaped children) of ``pid`` in seconds; 0 when gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / CLK
+def cpu_window(cluster: Cluster) -> CpuWindow:
+    """CPU seconds per role over a window (``bench.cpu``): the instances' process trees (their
+    engine processes included), nginx's (master and workers, and its exporter), the Celery
+    workers', and this process (``client``)."""
+    roles: dict[str, list[int]] = {"instances": [], "nginx": [], "workers": []}
+    for c in cluster.children:
+        roles[{"instance": "instances", "worker": "workers"}.get(c.role, "nginx")].append(c.pid)
+    return CpuWindow(roles)
 
 
-def _group_pids(pgid: int) -> list[int]:
-    out = []
-    for e in os.listdir("/proc"):
-        if e.isdigit():
-            try:
-                fields = Path(f"/proc/{e}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                out.append(int(e))
+def cores_used(window: CpuWindow) -> dict[str, float]:
+    """Cores each role kept busy, their ``total``, and ``other_processes``: the rest of the
+    machine's busy time (work that is not part of this benchmark)."""
+    cores = window.read().cores()
+    out = {k: cores[k] or 0.0 for k in ("instances", "nginx", "workers", CLIENT)}
+    out["total"] = round(sum(out.values()), 2)
+    out["other_processes"] = cores[OTHER] or 0.0
+    out["machine"] = cores[HOST] or 0.0
     return out
-
-
-class CpuMeter:
-    """CPU seconds per role over a window (instances, nginx incl. workers, this process)."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        self.roles: dict[str, list[int]] = {"instances": [], "nginx": [], "workers": []}
-        for c in cluster.children:
-            role = {"instance": "instances", "worker": "workers"}.get(c.role, "nginx")
-            self.roles[role] += _group_pids(c.pid)
-        self.roles["client"] = [os.getpid()]
-
-    def snapshot(self) -> dict[str, float]:
-        return {role: sum(_cpu_s(p) for p in pids) for role, pids in self.roles.items()}
-
-    @staticmethod
-    def cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
-        out = {k: round((after[k] - before[k]) / seconds, 2) for k in before if k != "workers"}
-        out["total"] = round(sum(out.values()), 2)
-        return out
-
-
-def _cpu_totals() -> float:
-    """(total, idle) jiffies of the whole machine, from /proc/stat."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    vals = [int(x) for x in fields]
-    idle = vals[3] + vals[4]
-    return float(sum(vals)), float(idle)
 
 
 # ---- workloads ---------------------------------------------------------------------------------
@@ -255,41 +203,18 @@ def _spec(instances: int, threads: int, args: argparse.Namespace, name: str) -> 
     )
 
 
-def wait_quiet(limit_s: float, max_other_cores: float = 0.25, window_s: float = 5.0) -> float:
-    """Wait (up to ``limit_s``) until the whole machine used under ``max_other_cores`` cores
-    over ``window_s``; returns the cores it was using when we stopped waiting."""
-    cores = os.cpu_count() or 1
-    deadline = time.monotonic() + limit_s
-    while True:
-        tot0, idle0 = _cpu_totals()
-        time.sleep(window_s)
-        tot1, idle1 = _cpu_totals()
-        busy = (1 - (idle1 - idle0) / max(1.0, tot1 - tot0)) * cores
-        if busy <= max_other_cores or time.monotonic() > deadline:
-            return round(busy, 2)
-
-
 def run_miss(instances: int, threads: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     with Cluster(_spec(instances, threads, args, f"miss-{instances}x{threads}")) as cluster:
-        idle_before = wait_quiet(args.wait_quiet)
-        meter = CpuMeter(cluster)
-        before, t0 = meter.snapshot(), time.perf_counter()
-        tot0, idle0 = _cpu_totals()
+        idle_before = wait_quiet(args.wait_quiet, QUIET_CORES)
+        window = cpu_window(cluster)
         stats = load(cluster.url, miss_requests(seed), args.concurrency, args.duration, warm_s=0.0)
-        elapsed = time.perf_counter() - t0
-        tot1, idle1 = _cpu_totals()
         out = summary(stats, args.duration)
         out["config"] = f"{instances} instance(s) x {threads} torch thread(s)"
         out["machine_cores_busy_before"] = idle_before
-        out["cpu_cores_used"] = CpuMeter.cores(before, meter.snapshot(), elapsed)
-        busy_share = 1 - (idle1 - idle0) / max(1.0, tot1 - tot0)
-        out["machine_busy_share"] = round(busy_share, 3)
+        out["cpu_cores_used"] = cores_used(window)
+        out["machine_busy_share"] = round(out["cpu_cores_used"]["machine"] / (os.cpu_count() or 1), 3)
         if out["rps"]:
             out["instance_cpu_ms_per_request"] = round(1000 * out["cpu_cores_used"]["instances"] / out["rps"], 2)
-        cores = os.cpu_count() or 1
-        # CPU used by processes that are not part of this benchmark (other work on the machine)
-        out["cpu_cores_used"]["other_processes"] = round(
-            max(0.0, busy_share * cores - out["cpu_cores_used"]["total"]), 2)
         return out
 
 
@@ -298,21 +223,14 @@ def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
     with Cluster(_spec(1, threads, args, "overhead")) as cluster:
         direct = cluster.describe()["instances"][0]["url"]
         load(direct, hit_request, 1, 0.5, warm_s=0.0)  # prime the cache
-        quiet = wait_quiet(args.wait_quiet)
+        quiet = wait_quiet(args.wait_quiet, QUIET_CORES)
         rounds: dict[str, list[dict[str, Any]]] = {"direct": [], "nginx": []}
-        meter = CpuMeter(cluster)
-        cores = os.cpu_count() or 1
         cpu: dict[str, list[dict[str, float]]] = {"direct": [], "nginx": []}
         for _ in range(args.hit_rounds):  # alternated, so that drift and other load hit both alike
             for name, url in (("direct", direct), ("nginx", cluster.url)):
-                before, t0 = meter.snapshot(), time.perf_counter()
-                tot0, idle0 = _cpu_totals()
+                window = cpu_window(cluster)
                 stats = load(url, hit_request, args.concurrency, args.hit_duration, warm_s=0.0)
-                tot1, idle1 = _cpu_totals()
-                used = CpuMeter.cores(before, meter.snapshot(), time.perf_counter() - t0)
-                busy = (1 - (idle1 - idle0) / max(1.0, tot1 - tot0)) * cores
-                used["other_processes"] = round(max(0.0, busy - used["total"]), 2)
-                cpu[name].append(used)
+                cpu[name].append(cores_used(window))
                 rounds[name].append(summary(stats, args.hit_duration))
         health = summary(load(cluster.url, health_request, args.concurrency, args.hit_duration / 2),
                          args.hit_duration / 2)
@@ -369,15 +287,15 @@ def main() -> int:
 
     import redis
 
-    r = redis.Redis.from_url(REDIS_URL, socket_timeout=5)
+    db = redis.Redis.from_url(REDIS_URL, socket_timeout=5)
     for _ in range(60):  # Redis may be restarting (other test suites stop and start it)
         try:
-            r.ping()
+            db.ping()
             break
         except redis.ConnectionError:
             time.sleep(2)
     if not args.no_flush:
-        r.flushdb()
+        db.flushdb()
     cores = os.cpu_count() or 1
     seed = int(time.time())
     report: dict[str, Any] = {

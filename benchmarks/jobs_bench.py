@@ -30,17 +30,22 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from chunlian.bench.engine import percentile, sample_uppers
+from chunlian.bench.common import percentile
+from chunlian.bench.cpu import CLIENT, HOST, OTHER, CpuWindow
+from chunlian.bench.cpu import wait_quiet as wait_quiet_cores
+from chunlian.bench.spawn import Spawned, serving, spawn
+from chunlian.cluster.procs import free_port
+from chunlian.data.samples import sample_uppers
 from chunlian.errors import InvalidInput
 from chunlian.text import validate_upper
 
@@ -76,12 +81,6 @@ def distinct_uppers(n: int, salt: int) -> list[str]:
     return out[:n]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def base_env(threads: int, batch: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNLIAN_")}
     env.update({"CHUNLIAN_TORCH_THREADS": str(threads), "CHUNLIAN_DEVICE": "cpu",
@@ -90,84 +89,22 @@ def base_env(threads: int, batch: int) -> dict[str, str]:
     return env
 
 
-class Proc:
-    """A child process in its own session (stopped by its group)."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
-        self.log = log
-        with log.open("wb") as f:
-            self.p = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                      start_new_session=True, cwd=ROOT)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.p.pid, signal.SIGTERM)
-            try:
-                self.p.wait(20)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.p.pid, signal.SIGKILL)
-                self.p.wait(20)
-
-
-def _cpu_totals() -> tuple[float, float]:
-    vals = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return float(sum(vals)), float(vals[3] + vals[4])
-
-
 QUIET: dict[str, float] = {}
-CLK = os.sysconf("SC_CLK_TCK")
 
 
-def _group_jiffies(pgids: set[int]) -> float:
-    """CPU jiffies used so far by every process in these process groups."""
-    total = 0.0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(f[2]) in pgids:  # pgrp
-            total += int(f[11]) + int(f[12])  # utime + stime
-    return total
+def cpu_report(window: CpuWindow) -> dict[str, float]:
+    """Cores used during a phase: by the whole machine, by this run's own processes (this
+    one and the process trees of the servers and workers it started: ``bench.cpu``), and the
+    rest, other work."""
+    c = window.read().cores()
+    own = (c["own"] or 0.0) + (c[CLIENT] or 0.0)
+    return {"machine_cores": c[HOST] or 0.0, "own_cores": round(own, 2), "other_cores": c[OTHER] or 0.0}
 
 
-class CpuMeter:
-    """Cores used during a phase: by the whole machine, and by this run's own processes
-    (this process's group and the servers/workers it started); the rest is other work."""
-
-    def __init__(self, pgids: set[int]) -> None:
-        self.pgids = pgids | {os.getpgrp()}
-        self.t0, self.i0 = _cpu_totals()
-        self.own0 = _group_jiffies(self.pgids)
-        self.w0 = time.perf_counter()
-
-    def report(self) -> dict[str, float]:
-        t1, i1 = _cpu_totals()
-        own = (_group_jiffies(self.pgids) - self.own0) / CLK
-        wall = time.perf_counter() - self.w0
-        cores = os.cpu_count() or 1
-        busy = (1 - (i1 - self.i0) / max(1.0, t1 - self.t0)) * cores
-        return {"machine_cores": round(busy, 2), "own_cores": round(own / wall, 2),
-                "other_cores": round(max(0.0, busy - own / wall), 2)}
-
-
-def wait_quiet(phase: str, limit_s: float, max_cores: float = 0.3, window_s: float = 5.0) -> None:
+def wait_quiet(phase: str, limit_s: float, max_cores: float = 0.3) -> None:
     """Wait (up to ``limit_s``) until the machine uses under ``max_cores`` cores (other work,
     e.g. another benchmark, would skew the figures); records the busy cores per phase."""
-    cores = os.cpu_count() or 1
-    deadline = time.monotonic() + limit_s
-    while True:
-        t0, i0 = _cpu_totals()
-        time.sleep(window_s)
-        t1, i1 = _cpu_totals()
-        busy = (1 - (i1 - i0) / max(1.0, t1 - t0)) * cores
-        if busy <= max_cores or time.monotonic() > deadline:
-            QUIET[phase] = round(busy, 2)
-            return
+    QUIET[phase] = wait_quiet_cores(limit_s, max_cores)
 
 
 def wait_for(pred: Any, limit_s: float, what: str, every_s: float = 0.2) -> Any:
@@ -194,12 +131,14 @@ def engine_peak(threads: int, batch: int, requests: int, quiet_s: float = 0) -> 
 
 
 # ---- 2. Celery ------------------------------------------------------------------------------------
-def start_worker(env: dict[str, str], logs: Path, extra: list[str] | None = None) -> Proc:
-    w = Proc([sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--log-level", "INFO",
-              *(extra or [])], env, logs / f"worker-{uuid.uuid4().hex[:6]}.log")
-    wait_for(lambda: " ready." in w.log.read_text(errors="replace") or w.p.poll() is not None, 300, "worker")
-    if w.p.poll() is not None:
-        raise RuntimeError(f"worker exited: {w.log.read_text()[-2000:]}")
+def start_worker(env: dict[str, str], logs: Path, extra: list[str] | None = None) -> Spawned:
+    """``chunlian worker`` in its own session (``stop`` takes its pool too), once it says ready."""
+    log = logs / f"worker-{uuid.uuid4().hex[:6]}.log"
+    w = spawn([sys.executable, "-m", "chunlian.cli", "worker", "--concurrency", "1", "--log-level", "INFO",
+               *(extra or [])], env=env, log_path=log, own_session=True, cwd=ROOT)
+    wait_for(lambda: " ready." in log.read_text(errors="replace") or w.proc.poll() is not None, 300, "worker")
+    if w.proc.poll() is not None:
+        raise RuntimeError(f"worker exited: {w.log_tail()}")
     return w
 
 
@@ -250,7 +189,7 @@ def celery_throughput(threads: int, batch: int, items: int, chunk: int, logs: Pa
         specs = [{"upper": u, "style": "traditional"} for u in distinct_uppers(items, 0)]
         for attempt in range(3):
             wait_quiet("celery", QUIET_S)
-            meter = CpuMeter({worker.p.pid})
+            meter = CpuWindow({"own": [worker.pid]})
             try:
                 job_id, wall = run_job(jobs, specs, 3600)
             except JobLost as e:
@@ -262,7 +201,7 @@ def celery_throughput(threads: int, batch: int, items: int, chunk: int, logs: Pa
             return {"items": items, "chunk_size": chunk, "worker_concurrency": 1, "torch_threads": threads,
                     "max_batch_size": batch, "wall_s": round(wall, 2),
                     "items_per_s": round(items / wall, 1), "done": st.done, "failed": st.failed,
-                    "cpu": meter.report(), "attempts": attempt + 1}
+                    "cpu": cpu_report(meter), "attempts": attempt + 1}
         raise RuntimeError("the Celery job vanished three times")
     finally:
         worker.stop()
@@ -301,22 +240,14 @@ async def interactive_load(url: str, uppers: list[str], concurrency: int, durati
             "p50_ms": round(percentile(lat, 50) * 1000, 1), "p99_ms": round(percentile(lat, 99) * 1000, 1)}
 
 
-def start_server(env: dict[str, str], logs: Path) -> tuple[Proc, str]:
+@contextlib.contextmanager
+def running_server(env: dict[str, str], logs: Path) -> Iterator[Spawned]:
+    """``chunlian serve`` on a free loopback port in its own session, once ready."""
     port = free_port()
-    server = Proc([sys.executable, "-m", "chunlian.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                  env, logs / f"serve-{port}.log")
-    url = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        if server.p.poll() is not None:
-            raise RuntimeError(f"server exited: {server.log.read_text()[-2000:]}")
-        try:
-            return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(ready, 300, "the server")
-    return server, url
+    with serving([sys.executable, "-m", "chunlian.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                 port, what="the server", limit_s=300, env=env, log_path=logs / f"serve-{port}.log",
+                 own_session=True, cwd=ROOT) as server:
+        yield server
 
 
 def progress(url: str, job_id: str) -> dict[str, int]:
@@ -328,17 +259,17 @@ def interactive(threads: int, batch: int, concurrency: int, duration: float, bul
     env = base_env(threads, batch)
     if share is not None:
         env["CHUNLIAN_BULK_MIN_SHARE"] = str(share)
-    server, url = start_server(env, logs)
-    try:
+    with running_server(env, logs) as server:
+        url = server.url
         pool = distinct_uppers(20000, 1)
         n = len(pool) // 3
         warm, alone_u, with_u = pool[:400], pool[400:n], pool[n:2 * n]
         bulk_u = distinct_uppers(bulk_items, 3)
         asyncio.run(interactive_load(url, warm, concurrency, 5))
         wait_quiet("interactive_alone", QUIET_S)
-        meter = CpuMeter({server.p.pid})
+        meter = CpuWindow({"own": [server.pid]})
         alone = asyncio.run(interactive_load(url, alone_u, concurrency, duration))
-        alone["cpu"] = meter.report()
+        alone["cpu"] = cpu_report(meter)
         r = httpx.post(f"{url}/v1/jobs", json={"items": [{"upper": u} for u in bulk_u], "quality": quality},
                        timeout=60)
         r.raise_for_status()
@@ -346,9 +277,9 @@ def interactive(threads: int, batch: int, concurrency: int, duration: float, bul
         wait_for(lambda: progress(url, job_id)["done"] > 0, 300, "the bulk job to start")
         # (no quiet wait here: the bulk job is running on purpose)
         p0, t0 = progress(url, job_id), time.perf_counter()
-        meter = CpuMeter({server.p.pid})
+        meter = CpuWindow({"own": [server.pid]})
         with_bulk = asyncio.run(interactive_load(url, with_u, concurrency, duration))
-        with_bulk["cpu"] = meter.report()
+        with_bulk["cpu"] = cpu_report(meter)
         p1, t1 = progress(url, job_id), time.perf_counter()
         bulk_during = p1["done"] - p0["done"]
         still_running = p1["done"] + p1["failed"] < p1["total"]
@@ -365,24 +296,29 @@ def interactive(threads: int, batch: int, concurrency: int, duration: float, bul
             "bulk_items_per_s_alone": round((p2["done"] - p1["done"]) / (t2 - t1), 1),
             "bulk_job_still_running_at_end": still_running, "bulk_failed": p1["failed"],
         }
-    finally:
-        server.stop()
 
 
 # ---- 4. a Celery worker on the serving machine ------------------------------------------------------
+def items_done(jobs: Any, job_id: str) -> int:
+    st = jobs.store.state(job_id)
+    if st is None:
+        raise JobLost(f"job {job_id} vanished from Redis")
+    return int(st.done)
+
+
 def colocated(threads: int, batch: int, concurrency: int, duration: float, items: int, logs: Path) -> dict[str, Any]:
     from chunlian.jobs.backend import CeleryJobs
 
     out: dict[str, Any] = {}
-    server, url = start_server(base_env(threads, batch), logs)
-    try:
+    with running_server(base_env(threads, batch), logs) as server:
+        url = server.url
         pool = distinct_uppers(26000, 2)
         asyncio.run(interactive_load(url, pool[:300], concurrency, 5))
         wait_quiet("colocated_alone", QUIET_S)
-        meter = CpuMeter({server.p.pid})
+        meter = CpuWindow({"own": [server.pid]})
         out["alone"] = asyncio.run(interactive_load(url, pool[300:6000], concurrency, duration))
-        out["alone"]["cpu"] = meter.report()
-        variants = (("worker_own_model", [], 1, {}),
+        out["alone"]["cpu"] = cpu_report(meter)
+        variants: tuple[tuple[str, list[str], int, dict[str, str]], ...] = (("worker_own_model", [], 1, {}),
                     ("worker_own_model_not_niced", [], 3, {"CHUNLIAN_WORKER_NICE": "0"}),
                     ("worker_via_engine_url", ["--engine-url", url], 2, {}))
         for name, extra, k, env_extra in variants:
@@ -396,12 +332,12 @@ def colocated(threads: int, batch: int, concurrency: int, duration: float, items
             try:
                 job_id = asyncio.run(jobs.submit([{"upper": u, "style": "traditional"}
                                                   for u in distinct_uppers(items, 10 + k)]))
-                wait_for(lambda: jobs.store.state(job_id).done > 0, 300, "the worker to start")  # noqa: B023
-                d0, t0 = jobs.store.state(job_id).done, time.perf_counter()  # type: ignore[union-attr]
-                meter = CpuMeter({server.p.pid, worker.p.pid})
+                wait_for(lambda: items_done(jobs, job_id) > 0, 300, "the worker to start")  # noqa: B023
+                d0, t0 = items_done(jobs, job_id), time.perf_counter()
+                meter = CpuWindow({"own": [server.pid, worker.pid]})
                 load = asyncio.run(interactive_load(url, pool[6000 * k:6000 * (k + 1)], concurrency, duration))
-                load["cpu"] = meter.report()
-                d1, t1 = jobs.store.state(job_id).done, time.perf_counter()  # type: ignore[union-attr]
+                load["cpu"] = cpu_report(meter)
+                d1, t1 = items_done(jobs, job_id), time.perf_counter()
                 load["bulk_items_per_s_during_load"] = round((d1 - d0) / (t1 - t0), 1)
                 load["p99_ratio_vs_alone"] = round(load["p99_ms"] / out["alone"]["p99_ms"], 2)
                 out[name] = load
@@ -413,8 +349,6 @@ def colocated(threads: int, batch: int, concurrency: int, duration: float, items
                     jobs.store.delete(job_id)
                 drop_queue(jobs, queue)
                 jobs.store.close()
-    finally:
-        server.stop()
     return out
 
 

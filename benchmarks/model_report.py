@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from chunlian.bench.common import percentile
 from chunlian.model.styles import STYLES, lexicon_hit_rate
 from chunlian.offline import OfflineGenerator, compose_request
 from chunlian.training.eval_run import read_eval_pairs, run_eval
@@ -41,13 +42,12 @@ def style_matrix(gen: OfflineGenerator, uppers: list[str]) -> dict[str, dict[str
 
 
 def latency(gen: OfflineGenerator, uppers: list[str]) -> dict[str, float]:
-    times = []
+    times: list[float] = []
     for u in uppers:
         t = time.perf_counter()
         gen.generate([CoupletRequest(upper=u)])
         times.append((time.perf_counter() - t) * 1000)
-    times.sort()
-    return {"median_ms": round(statistics.median(times), 2), "p90_ms": round(times[int(0.9 * len(times))], 2),
+    return {"median_ms": round(statistics.median(times), 2), "p90_ms": round(percentile(times, 90), 2),
             "mean_chars": round(sum(map(len, uppers)) / len(uppers), 1)}
 
 

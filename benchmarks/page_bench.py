@@ -4,7 +4,8 @@ A campaign hour is mostly page loads: each visitor fetches ``/``, ``app.js``, ``
 the icon before the first couplet request. ``chunlian cluster`` (one instance + nginx, the
 shipped defaults otherwise) is started with ``--page-cache-s`` 60 and with 0 (off), alternately;
 each phase sends ``--loads`` page loads from ``--concurrency`` keep-alive clients (the lean
-raw client) and reads, from ``/proc``, the CPU the instance process spent meanwhile.
+raw client) and reads the CPU seconds the instance's process tree spent meanwhile
+(``chunlian.bench.cpu``: the instance and its engine processes).
 
     python benchmarks/page_bench.py --loads 2000 --rounds 2
 
@@ -22,22 +23,15 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from chunlian.bench.cpu import CpuWindow
 from chunlian.bench.rawhttp import RawConnection
 from chunlian.cluster.launcher import Cluster, ClusterSpec
 from chunlian.cluster.procs import free_port
 
 PAGE = ("/", "/static/app.js", "/static/style.css", "/static/favicon.svg")
 REDIS_URL = "redis://127.0.0.1:6379/11"
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its children that were waited for."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return sum(int(fields[i]) for i in (11, 12, 13, 14)) / tick  # utime stime cutime cstime
 
 
 async def _load(port: int, loads: int, concurrency: int) -> dict[str, Any]:
@@ -72,9 +66,10 @@ def _phase(page_cache_s: int, loads: int, concurrency: int) -> dict[str, Any]:
     with Cluster(spec) as cluster:
         pid = cluster.instances[0].pid
         asyncio.run(_load(spec.port, 50, 4))  # connections, the cache's first copy, the interpreter
-        cpu0 = _cpu_s(pid)
+        window = CpuWindow({"instance": [pid]})
         out = asyncio.run(_load(spec.port, loads, concurrency))
-        out["instance_cpu_ms_per_1000_loads"] = round(1e6 * (_cpu_s(pid) - cpu0) / max(1, out["loads"]), 1)
+        cpu_s = window.read().seconds["instance"] or 0.0
+        out["instance_cpu_ms_per_1000_loads"] = round(1e6 * cpu_s / max(1, out["loads"]), 1)
     out["page_cache_s"] = page_cache_s
     return out
 

@@ -157,7 +157,10 @@ def cmd_compose(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from chunlian.training.eval_run import run_eval
+    from chunlian.training.evaluate import EVAL_EXTRA, can_score
 
+    if not can_score():
+        return fail(EVAL_EXTRA)
     _apply_quality(args)
     try:
         report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,

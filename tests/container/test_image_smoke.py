@@ -108,3 +108,14 @@ def test_the_image_holds_the_weights_and_the_cpu_torch(image: str) -> None:
     pin = next(line for line in (ROOT / "pyproject.toml").read_text().splitlines() if '"torch==' in line)
     assert version == pin.split("==")[1].split('"')[0] + "+cpu" and cuda is None and weights is True
     assert os.path.exists(ROOT / ".whl")  # the wheel came from a file, not an index
+
+
+def test_the_image_holds_the_serving_set_only(image: str) -> None:
+    """No extra in the image: uvicorn's fast loop and parser are there, evaluation (sacrebleu)
+    and uvicorn's development pieces (file watching, websockets) are not."""
+    code = ("import importlib.util, json; print(json.dumps({m: importlib.util.find_spec(m) is not None for m in "
+            "('uvloop', 'httptools', 'psutil', 'sacrebleu', 'lxml', 'watchfiles', 'websockets', 'yaml', 'matplotlib')}))")
+    probe = _podman("run", "--rm", "--network", "none", "--entrypoint", "python3", image, "-c", code)
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout)
+    assert {m for m, there in found.items() if there} == {"uvloop", "httptools", "psutil"}

@@ -168,13 +168,13 @@ def test_cli_quality_job_answers_what_the_offline_quality_mode_does(live: LiveSe
 
 def _quality_children() -> list[int]:
     """This process's children that run at SCHED_IDLE: the quality mode's child."""
-    from chunlian.bench.proccpu import process_tree
+    import psutil
 
     out = []
-    for pid in process_tree(os.getpid()) - {os.getpid()}:
+    for kid in psutil.Process().children(recursive=True):
         try:
-            if os.sched_getscheduler(pid) == os.SCHED_IDLE:
-                out.append(pid)
+            if os.sched_getscheduler(kid.pid) == os.SCHED_IDLE:
+                out.append(kid.pid)
         except OSError:
             continue
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from chunlian.api.metrics import ServiceMetrics
+from chunlian.bench.promtext import parse_metrics
 from tests.unit.api_fakes import running_app
 
 EXPECTED = [
@@ -18,17 +19,8 @@ EXPECTED = [
 
 
 def sample(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in the exposition text (0 when absent)."""
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        m = re.fullmatch(r"([a-z_]+)(\{.*\})? (\S+)", line)
-        if not m or m.group(1) != name:
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if got == labels:
-            return float(m.group(3))
-    return 0.0
+    """The value of the sample ``name`` with exactly these labels (0 when absent)."""
+    return sum(v for got, v in parse_metrics(text).get(name, ()) if got == labels)
 
 
 async def test_metrics_names_and_values() -> None:

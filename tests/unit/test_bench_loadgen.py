@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from chunlian.bench.plan import (
     load_lines,
     warmup_body,
 )
-from chunlian.bench.proccpu import proc_cpu_seconds
 from chunlian.bench.promtext import cache_counts, metric, metrics_delta, parse_metrics
 from chunlian.errors import Overloaded
 from tests.unit.api_fakes import running_app
@@ -129,14 +127,28 @@ AFTER = BEFORE.replace('result="hit"} 10.0', 'result="hit"} 40.0').replace(
 
 
 def test_parse_metrics_and_sums() -> None:
-    s = parse_metrics(BEFORE + 'weird{a="x\\"y"} 2\nnot a sample\n')
+    s = parse_metrics(BEFORE + 'weird{a="x\\"y"} 2\n')
     assert metric(s, "chunlian_cache_requests_total") == 190
     assert metric(s, "chunlian_cache_requests_total", result="hit") == 15
     assert metric(s, "chunlian_cache_requests_total", store="redis", result="miss") == 85
     assert metric(s, "chunlian_queue_depth") == 3
     assert metric(s, "absent") == 0
-    assert metric(s, "weird", a='x\\"y') == 2
+    assert metric(s, "weird", a='x"y') == 2
     assert cache_counts(s) == (15.0, 100.0)  # lookups: the nearest store (memory) sees them all
+
+
+def test_parse_metrics_unescapes_label_values() -> None:
+    """Backslash, double quote and newline escapes in label values come back as the
+    characters they stand for (the text format's rules)."""
+    s = parse_metrics('# TYPE m counter\nm_total{path="a\\"b",dir="c:\\\\d",note="x\\ny"} 3\n')
+    [(labels, value)] = s["m_total"]
+    assert labels == {"path": 'a"b', "dir": "c:\\d", "note": "x\ny"} and value == 3.0
+    assert metric(s, "m_total", path='a"b') == 3
+
+
+def test_parse_metrics_refuses_what_is_not_an_exposition() -> None:
+    with pytest.raises(ValueError):
+        parse_metrics("<html><body>not metrics</body></html>\n")
 
 
 def test_metrics_delta() -> None:
@@ -147,30 +159,6 @@ def test_metrics_delta() -> None:
     assert d["tokens_per_s"] == 500.0 and d["engine_completed"] == 60
     empty = metrics_delta(parse_metrics(BEFORE), parse_metrics(BEFORE), seconds=1.0)
     assert empty["cache_hit_ratio"] is None and empty["mean_batch_size"] is None
-
-
-def test_proc_cpu_seconds() -> None:
-    sum(i * i for i in range(200_000))
-    v = proc_cpu_seconds(os.getpid())
-    assert v is not None and v > 0
-    assert proc_cpu_seconds(2**22 + 12345) is None
-    from chunlian.bench.proccpu import host_cpu_seconds
-
-    host = host_cpu_seconds()
-    assert host is not None and host >= v
-
-
-def test_thread_cpu_seconds_and_steal() -> None:
-    from chunlian.bench.proccpu import host_steal_seconds, thread_cpu_seconds
-
-    pid = os.getpid()
-    before = thread_cpu_seconds(pid, pid)
-    sum(i * i for i in range(2_000_000))  # main-thread work, a few tens of ms
-    after = thread_cpu_seconds(pid, pid)
-    assert before is not None and after is not None and after > before
-    assert thread_cpu_seconds(pid, 2**22 + 12345) is None
-    steal = host_steal_seconds()
-    assert steal is not None and steal >= 0
 
 
 # ---- reports ----------------------------------------------------------------------------------
@@ -333,6 +321,23 @@ async def test_raw_connection_resends_once_when_a_kept_alive_connection_was_clos
     assert len(_canned_server.connections) == 3  # type: ignore[attr-defined]
 
 
+async def test_raw_connection_request_gives_headers_and_raises_on_errors() -> None:
+    """``request`` (cluster_bench's exchange): status, header names in lower case with their
+    values as sent, the body; a timeout raises and closes the connection."""
+    from chunlian.bench.rawhttp import RawConnection
+
+    reply = b"HTTP/1.1 503 Service Unavailable\r\nX-Chunlian-Instance: Inst-B\r\nContent-Length: 4\r\n\r\nbusy"
+    server, port, seen = await _canned_server([reply, b""])
+    async with server:
+        conn = RawConnection("127.0.0.1", port, timeout_s=0.5)
+        status, headers, body = await conn.request(b"GET", "/nginx-health")
+        assert (status, headers["x-chunlian-instance"], body) == (503, "Inst-B", b"busy")
+        with pytest.raises(TimeoutError):
+            await conn.request(b"POST", "/v1/couplets", b"{}")
+        assert conn.writer is None
+    assert seen[0].startswith(b"GET /nginx-health HTTP/1.1\r\n")
+
+
 async def test_raw_connection_sends_from_its_source_address() -> None:
     """``source_host`` picks the client's address (any of 127.0.0.0/8 on Linux), so one
     load generator can act as several clients (benchmarks/rate_limit_bench.py)."""
@@ -359,7 +364,7 @@ async def test_raw_connection_sends_from_its_source_address() -> None:
 
 async def test_raw_connection_reports_refused_connections() -> None:
     from chunlian.bench.rawhttp import RawConnection
-    from chunlian.bench.sweep import free_port
+    from chunlian.cluster.procs import free_port
 
     conn = RawConnection("127.0.0.1", free_port(), timeout_s=2.0)
     status, cached = await conn.post("/v1/couplets", b"{}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from chunlian.model.hengpi import HengpiEntry, HengpiSelector
@@ -166,3 +168,20 @@ def test_random_pick_equals_the_choice_when_there_is_one_phrase() -> None:
     out = hengpi_agreement(_selector("寿比南山"), TRIPLES)
     assert out["char_overlap"] == out["random_char_overlap"] == 0.5  # 山 in 山水清秀
     assert out["theme_overlap"] == out["random_theme_overlap"] == 0.5  # landscape via 山
+
+
+def test_eval_without_sacrebleu_names_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                                tmp_path: Path) -> None:
+    """A serving install has no sacrebleu: ``chunlian eval`` says which extra brings it,
+    before it loads any model."""
+    import importlib.util
+
+    from chunlian.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "sacrebleu" else real(name, *a))
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(f"{GOLD_U}\t{GOLD_L}\n", encoding="utf-8")
+    assert main(["eval", "--data", str(pairs)]) == 2
+    assert "pip install 'chunlian[eval]'" in capsys.readouterr().err

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import time
-from collections.abc import Callable
 from typing import Any
-
-import httpx
 
 PLOT_EXTRA = "plots need matplotlib: pip install 'chunlian[plot]'"
 
@@ -31,6 +26,9 @@ def pyplot() -> Any:
 
 
 def percentile(xs: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by nearest rank: of the sorted sample, the element at
+    ``round(q / 100 * (n - 1))`` (halves round to even); 0 without a sample. The one
+    percentile of ``chunlian bench`` and ``benchmarks/``."""
     if not xs:
         return 0.0
     s = sorted(xs)
@@ -53,24 +51,3 @@ def mean_fields(records: list[dict[str, Any]], summed: tuple[str, ...] = ()) -> 
         else:
             out[key] = round(sum(values) / len(values), 3)  # type: ignore[arg-type]
     return out
-
-
-def wait_until_ok(
-    proc: subprocess.Popen[bytes], url: str, path: str, limit_s: float, what: str,
-    detail: Callable[[], str] = lambda: "",
-) -> None:
-    """Poll ``url + path`` until it answers 200; raise ``RuntimeError`` naming ``what`` if
-    ``proc`` exits first or ``limit_s`` passes (with ``detail()`` appended, e.g. a log tail)."""
-    deadline = time.monotonic() + limit_s
-    with httpx.Client(base_url=url, timeout=5.0) as c:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{what} exited with {proc.returncode}{detail()}")
-            try:
-                if c.get(path).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} was not ready in {limit_s:.0f} s{detail()}")
-            time.sleep(0.1)

@@ -16,8 +16,9 @@ What is reported: requests/s, latency quantiles (all, cache hits and misses, spl
 response's ``cached`` field), errors by status, and, from ``/metrics`` read before and after
 the window, the cache hit ratio, the mean engine batch size and tokens/s. A sampler reads
 ``/metrics`` once a second during the window for the queue depth (and GPU utilisation on
-cuda). With ``server_pid`` (a process on this host) the server's CPU time is read from
-``/proc`` over the window too.
+cuda). With ``server_pid`` (a process on this host) the CPU seconds of the server's process
+tree over the window are read too (``bench.cpu``: the server and its engine processes), with
+the host's and this process's.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from chunlian.bench.common import percentile, pyplot
+from chunlian.bench.cpu import CLIENT, HOST, CpuWindow
 from chunlian.bench.plan import (
     DEFAULT_URL,
     ENDPOINT,
@@ -44,7 +46,6 @@ from chunlian.bench.plan import (
     load_lines,
     warmup_body,
 )
-from chunlian.bench.proccpu import host_cpu_seconds, proc_cpu_seconds
 from chunlian.bench.promtext import Samples, metric, metrics_delta, parse_metrics
 from chunlian.bench.rawhttp import RawConnection, encode_body, post_httpx
 
@@ -174,7 +175,12 @@ async def _scrape(client: httpx.AsyncClient) -> Samples | None:
         r = await client.get("/metrics", timeout=10.0)
     except httpx.HTTPError:
         return None
-    return parse_metrics(r.text) if r.status_code == 200 else None
+    if r.status_code != 200:
+        return None
+    try:
+        return parse_metrics(r.text)
+    except ValueError:
+        return None  # not a Prometheus exposition: a server that is not chunlian
 
 
 Poster = Callable[[bytes], Awaitable[tuple[str, "bool | None"]]]
@@ -255,9 +261,7 @@ async def _measure(
     if warmup_s > 0:
         res.warmup_requests = await _warmup(posters, plan.lines, warmup_s)
     before = await _scrape(client)
-    cpu0 = proc_cpu_seconds(server_pid) if server_pid else None
-    host0 = host_cpu_seconds()
-    ccpu0 = time.process_time()
+    meter = CpuWindow({"server": [server_pid]} if server_pid else {})
     bar = _Progress(progress, duration_s, label)
     t0 = time.perf_counter()
     deadline = t0 + duration_s
@@ -316,14 +320,10 @@ async def _measure(
     kept = [r for r in records if r.done_s <= res.window_s + 1e-6]
     res.unfinished += len(records) - len(kept)
     res.records = kept
-    res.client_cpu_s = time.process_time() - ccpu0
-    host1 = host_cpu_seconds()
-    if host0 is not None and host1 is not None:
-        res.host_cpu_s = host1 - host0
-    if server_pid:
-        cpu1 = proc_cpu_seconds(server_pid)
-        if cpu0 is not None and cpu1 is not None:
-            res.server_cpu_s = cpu1 - cpu0
+    cpu = meter.read().seconds
+    res.client_cpu_s = cpu[CLIENT] or 0.0
+    res.host_cpu_s = cpu[HOST]
+    res.server_cpu_s = cpu.get("server")
     after = await _scrape(client)
     if before is not None and after is not None:
         res.server = metrics_delta(before, after, res.window_s)

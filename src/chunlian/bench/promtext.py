@@ -2,29 +2,20 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 Samples = dict[str, list[tuple[dict[str, str], float]]]
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def parse_metrics(text: str) -> Samples:
-    """Prometheus text exposition -> {sample name: [(labels, value), ...]}."""
+    """Prometheus text exposition -> {sample name: [(labels, value), ...]}, label values
+    unescaped (``prometheus_client.parser``); ValueError when ``text`` is not an exposition."""
     out: Samples = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
-        out.setdefault(m.group(1), []).append((labels, value))
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), float(s.value)))
     return out
 
 

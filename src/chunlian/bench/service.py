@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -45,10 +44,11 @@ from typing import Any
 
 import httpx
 
-from chunlian.bench.common import wait_until_ok
 from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
-from chunlian.bench.sweep import free_port, run_server
+from chunlian.bench.spawn import serving
+from chunlian.bench.sweep import run_server
+from chunlian.cluster.procs import free_port
 from chunlian.config import load_settings
 
 
@@ -56,19 +56,9 @@ from chunlian.config import load_settings
 def bare_server(ready_limit_s: float = 60.0) -> Iterator[tuple[str, int]]:
     """Start ``chunlian.bench.bare_app`` on a loopback port; yield (url, pid); stop it."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "chunlian.bench.bare_app", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ok(proc, url, "/healthz", ready_limit_s, "the bare app")
-        yield url, proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    with serving([sys.executable, "-m", "chunlian.bench.bare_app", str(port)], port,
+                 what="the bare app", ready_path="/healthz", limit_s=ready_limit_s, grace_s=10) as app:
+        yield app.url, app.pid
 
 
 def _warm_hits(url: str, lines: list[str]) -> None:

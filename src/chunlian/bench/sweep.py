@@ -17,30 +17,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chunlian.bench.common import can_plot, mean_fields, pyplot, wait_until_ok
+from chunlian.bench.common import can_plot, mean_fields, pyplot
 from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
+from chunlian.bench.spawn import Spawned, serving
+from chunlian.cluster.procs import free_port
 
 DEFAULT_BATCH_SIZES = (1, 4, 8, 16, 32, 64, 128)
 DEFAULT_WAITS_MS = (0.0, 5.0, 20.0)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_env(settings: Mapping[str, object], base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -54,51 +44,15 @@ def server_env(settings: Mapping[str, object], base: Mapping[str, str] | None = 
     return env
 
 
-@dataclass
-class ServerProcess:
-    """One ``python -m chunlian.api`` child on a loopback port."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-
 @contextmanager
-def run_server(settings: Mapping[str, object], ready_limit_s: float = 180.0) -> Iterator[ServerProcess]:
+def run_server(settings: Mapping[str, object], ready_limit_s: float = 180.0) -> Iterator[Spawned]:
     """Start the service with ``settings`` (``CHUNLIAN_*`` names, lower case), wait until
     ``/readyz`` says 200, yield it, then stop it (SIGTERM, then SIGKILL after 20 s)."""
     port = free_port()
     base = {"host": "127.0.0.1", "port": port, "warmup": "", "log_level": "WARNING"}
-    env = server_env({**base, **settings})
-    fd, log_name = tempfile.mkstemp(prefix="chunlian-bench-", suffix=".log")
-    log_path = Path(log_name)
-    with os.fdopen(fd, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "chunlian.api"], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
-    srv = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
-    try:
-        wait_until_ok(proc, srv.url, "/readyz", ready_limit_s, "the service",
-                      lambda: f":\n{srv.log_tail()}")
+    with serving([sys.executable, "-m", "chunlian.api"], port, what="the service",
+                 limit_s=ready_limit_s, env=server_env({**base, **settings}), temp_log=True) as srv:
         yield srv
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-        log_path.unlink(missing_ok=True)
 
 
 def point_row(batch: int, wait_ms: float, rep: dict[str, Any]) -> dict[str, Any]:

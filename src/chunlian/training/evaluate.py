@@ -37,6 +37,7 @@ scores 横批 selection against ``hengpi_triples.tsv``; see their docstrings.
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -62,6 +63,15 @@ METRIC_KEYS: tuple[str, ...] = (
 
 def _rate(flags: Sequence[bool]) -> float:
     return sum(flags) / len(flags) if flags else 0.0
+
+
+# sacrebleu is the ``eval`` extra: a serving install goes without it
+EVAL_EXTRA = "chunlian eval needs sacrebleu (BLEU): pip install 'chunlian[eval]'"
+
+
+def can_score() -> bool:
+    """Whether sacrebleu (the ``eval`` extra) is installed."""
+    return importlib.util.find_spec("sacrebleu") is not None
 
 
 def _bleu(hyps: list[str], refs: list[str], order: int) -> float:

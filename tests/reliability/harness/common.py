@@ -1,5 +1,5 @@
 """Shared pieces of the reliability scenarios: constants, ``Outcome``, a raw HTTP/1.1 client,
-checks on replies, ``/metrics`` and ``/proc`` readers.
+checks on replies, ``/metrics`` and memory readers.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from chunlian.bench.promtext import Samples, parse_metrics
 
@@ -307,7 +307,7 @@ def judge_hostile(out: Outcome, reply: Reply, sent: bytes | str, what: str, *,
         out.count("answered", status)
 
 
-# ---- /metrics and /proc --------------------------------------------------------------------------
+# ---- /metrics and memory --------------------------------------------------------------------------
 
 def scrape(url: str, timeout_s: float = 30.0) -> Samples:
     return parse_metrics(httpx.get(url + "/metrics", timeout=timeout_s).text)
@@ -325,26 +325,25 @@ def server_errors(samples: Samples) -> float:
 
 
 def rss_kb(pid: int) -> int | None:
-    """VmRSS of ``pid`` in kB (None once the process is gone)."""
+    """The resident set (VmRSS) of ``pid`` in kB (None once the process is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
+        return psutil.Process(pid).memory_info().rss // 1024
+    except psutil.Error:
         return None
-    return None
 
 
 def tree_rss_kb(pid: int) -> int | None:
     """VmRSS of ``pid`` and its descendants, summed, in kB (None once ``pid`` is gone): an
     instance is a process tree when its engines run in child processes (``engine.replicas``),
     and a leak in an engine process counts as the instance's."""
-    from chunlian.bench.proccpu import process_tree
-
     own = rss_kb(pid)
     if own is None:
         return None
-    return own + sum(rss_kb(p) or 0 for p in process_tree(pid) - {pid})
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    return own + sum(rss_kb(k.pid) or 0 for k in kids)
 
 
 def raise_fd_limit(want: int) -> int:
