@@ -53,7 +53,7 @@ class CoupletAPI(ls.LitAPI):  # type: ignore[misc]
         return inputs
 
     def predict(self, requests: list[Any]) -> list[Any]:
-        return self.gen.generate(requests)  # type: ignore[no-any-return]
+        return self.gen.generate(requests)
 
     def unbatch(self, output: list[Any]) -> list[Any]:
         return output

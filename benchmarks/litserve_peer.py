@@ -41,20 +41,20 @@ import argparse
 import importlib.metadata
 import json
 import os
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from chunlian.bench.common import mean_fields, wait_until_ok
+from chunlian.bench.common import mean_fields
 from chunlian.bench.loadgen import run_load
 from chunlian.bench.plan import RequestPlan, load_lines
-from chunlian.bench.sweep import free_port, run_server
+from chunlian.bench.spawn import serving
+from chunlian.bench.sweep import run_server
+from chunlian.cluster.procs import free_port
 from chunlian.config import load_settings
 
 APP = Path(__file__).with_name("litserve_app.py")
@@ -64,7 +64,8 @@ INSTALL_HINT = "LitServe is not installed: pip install -e '.[peer]'"
 
 @contextmanager
 def litserve_server(args: argparse.Namespace, ready_limit_s: float = 180.0) -> Iterator[tuple[str, int]]:
-    """Start ``litserve_app.py`` (its own process group); yield (url, pid); stop the group."""
+    """Start ``litserve_app.py`` (its own process group: its API servers and inference
+    workers); yield (url, pid); stop the whole group (``bench.spawn``)."""
     port = free_port()
     cmd = [sys.executable, str(APP), "--port", str(port), "--workers", str(args.workers),
            "--threads", str(args.threads), "--max-batch-size", str(args.rows),
@@ -72,33 +73,9 @@ def litserve_server(args: argparse.Namespace, ready_limit_s: float = 180.0) -> I
     if args.api_servers:
         cmd += ["--api-servers", str(args.api_servers)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHUNLIAN_")}
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-        def tail() -> str:
-            log.seek(0)
-            return ":\n" + "\n".join(log.read().decode(errors="replace").splitlines()[-30:])
-
-        try:
-            wait_until_ok(proc, url, "/health", ready_limit_s, "the LitServe app", tail)
-            yield url, proc.pid
-        finally:
-            stop_group(proc)
-
-
-def stop_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM ``proc``'s process group (its API servers and inference workers); SIGKILL
-    whatever of it is left after 20 s."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    with suppress(subprocess.TimeoutExpired):
-        proc.wait(20)
-    with suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
+    with serving(cmd, port, what="the LitServe app", ready_path="/health", limit_s=ready_limit_s,
+                 env=env, temp_log=True, own_session=True) as srv:
+        yield srv.url, srv.pid
 
 
 def measure(url: str, pid: int, concurrency: int, args: argparse.Namespace, label: str) -> dict[str, Any]:
