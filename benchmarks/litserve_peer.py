@@ -96,7 +96,7 @@ def server(side: str, args: argparse.Namespace) -> Iterator[tuple[str, int]]:
     settings = {"device": "cpu", "cache_size": 0, "engine_replicas": args.workers, "torch_threads": args.threads,
                 "max_batch_size": args.rows * args.workers, "max_wait_ms": args.max_wait_ms,
                 "default_timeout_ms": round(args.timeout_s * 1000)}
-    with run_server(settings) as srv:
+    with run_server(settings, source=args.baseline_src if side == "baseline" else None) as srv:
         yield srv.url, srv.pid
 
 
@@ -119,10 +119,11 @@ def summary(reports: list[dict[str, Any]]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """``--rounds`` rounds; in each, each side is started once and measured at every
     concurrency; the side that goes first alternates from round to round."""
+    sides = (*SIDES, "baseline") if args.baseline_src else SIDES
     reports: dict[str, dict[int, list[dict[str, Any]]]] = {
-        side: {c: [] for c in args.concurrency} for side in SIDES}
+        side: {c: [] for c in args.concurrency} for side in sides}
     for r in range(args.rounds):
-        for side in SIDES if r % 2 == 0 else SIDES[::-1]:
+        for side in sides if r % 2 == 0 else sides[::-1]:
             with server(side, args) as (url, pid):
                 for c in args.concurrency:
                     reports[side][c].append(measure(url, pid, c, args, f"{side} c={c} round {r + 1}"))
@@ -140,8 +141,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                           ls.get("requests_per_cpu_s")),
             "ratio_p50_chunlian_vs_litserve": ratio(ch["p50_ms"], ls["p50_ms"]),
             "ratio_p99_chunlian_vs_litserve": ratio(ch["p99_ms"], ls["p99_ms"]),
-            "rounds": {"chunlian": reports["chunlian"][c], "litserve": reports["litserve"][c]},
+            "rounds": {side: reports[side][c] for side in sides},
         }
+        if args.baseline_src:  # the same service from another checkout, measured alongside
+            base = summary(reports["baseline"][c])
+            out["runs"][str(c)].update({
+                "baseline": base,
+                "ratio_rps_chunlian_vs_baseline": ratio(ch["requests_per_s"], base["requests_per_s"]),
+                "ratio_p99_chunlian_vs_baseline": ratio(ch["p99_ms"], base["p99_ms"]),
+                "ratio_rps_baseline_vs_litserve": ratio(base["requests_per_s"], ls["requests_per_s"]),
+            })
     return out
 
 
@@ -157,14 +166,17 @@ def meta(args: argparse.Namespace) -> dict[str, Any]:
             "api_servers": args.api_servers or args.workers,
             "duration_s": args.duration_s, "warmup_s": args.warmup_s, "rounds": args.rounds,
             "concurrency": args.concurrency, "plan": "fresh, seeded (RequestPlan seed=1)",
-            "chunlian_cache": "off (CHUNLIAN_CACHE_SIZE=0)"}
+            "chunlian_cache": "off (CHUNLIAN_CACHE_SIZE=0)",
+            "baseline_src": str(args.baseline_src) if args.baseline_src else None}
 
 
 def format_report(rep: dict[str, Any]) -> str:
     rows = [f"{'server':10s} {'c':>4s} {'req/s':>8s} {'p50 ms':>8s} {'p99 ms':>8s} {'errors':>7s} "
             f"{'srv cores':>9s} {'req/CPU-s':>9s} {'other':>6s}"]
     for c, run in rep["runs"].items():
-        for side in ("chunlian", "litserve"):
+        for side in ("chunlian", "litserve", "baseline"):
+            if side not in run:
+                continue
             r = run[side]
             rows.append(f"{side:10s} {c:>4s} {r['requests_per_s']:8.1f} {r['p50_ms'] or 0:8.1f} "
                         f"{r['p99_ms'] or 0:8.1f} {sum(r['errors'].values()):7d} "
@@ -174,6 +186,10 @@ def format_report(rep: dict[str, Any]) -> str:
                     f"(rounds {run['ratio_rps_by_round']}), req/CPU-s "
                     f"{run['ratio_per_cpu_s_chunlian_vs_litserve']}x, "
                     f"p50 {run['ratio_p50_chunlian_vs_litserve']}x, p99 {run['ratio_p99_chunlian_vs_litserve']}x")
+        if "baseline" in run:
+            rows.append(f"  c={c} chunlian/baseline: req/s {run['ratio_rps_chunlian_vs_baseline']}x, "
+                        f"p99 {run['ratio_p99_chunlian_vs_baseline']}x; baseline/LitServe: req/s "
+                        f"{run['ratio_rps_baseline_vs_litserve']}x")
     return "\n".join(rows)
 
 
@@ -198,6 +214,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-servers", type=int, default=None, help="LitServe HTTP processes (default: its own)")
     p.add_argument("--data", type=Path, default=None, help="upper lines (default: the built-in sample)")
     p.add_argument("--out", type=Path, default=None, help="raw JSON (default runs/litserve_peer-DATE.json)")
+    p.add_argument("--baseline-src", type=Path, default=None,
+                   help="also serve chunlian from this checkout's src/ folder (another version), "
+                        "measured in the same rounds")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.workers < 1 or min(args.concurrency) < 1:

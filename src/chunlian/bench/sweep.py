@@ -45,13 +45,19 @@ def server_env(settings: Mapping[str, object], base: Mapping[str, str] | None = 
 
 
 @contextmanager
-def run_server(settings: Mapping[str, object], ready_limit_s: float = 180.0) -> Iterator[Spawned]:
+def run_server(settings: Mapping[str, object], ready_limit_s: float = 180.0,
+               source: Path | None = None) -> Iterator[Spawned]:
     """Start the service with ``settings`` (``CHUNLIAN_*`` names, lower case), wait until
-    ``/readyz`` says 200, yield it, then stop it (SIGTERM, then SIGKILL after 20 s)."""
+    ``/readyz`` says 200, yield it, then stop it (SIGTERM, then SIGKILL after 20 s).
+    ``source``: serve the ``chunlian`` package of another checkout (its ``src/`` folder), to
+    measure two versions side by side in one run."""
     port = free_port()
     base = {"host": "127.0.0.1", "port": port, "warmup": "", "log_level": "WARNING"}
+    env = server_env({**base, **settings})
+    if source is not None:
+        env["PYTHONPATH"] = str(source)
     with serving([sys.executable, "-m", "chunlian.api"], port, what="the service",
-                 limit_s=ready_limit_s, env=server_env({**base, **settings}), temp_log=True) as srv:
+                 limit_s=ready_limit_s, env=env, temp_log=True) as srv:
         yield srv
 
 
