@@ -82,8 +82,8 @@ class ModelRunner:
 
         torch's OpenMP teams belong to the thread that starts them; while another thread
         holds an idle team of its own, libgomp manages more threads than there are CPUs and
-        cuts its spin-wait to almost nothing, so every parallel op pays a sleep/wake-up
-        (measured here: 800 lines took 10.2 s on a second thread instead of 4.4 s). So the
+        cuts its spin-wait to almost nothing, so every parallel op pays a sleep/wake-up and
+        a batch takes more than twice as long (``docs/performance.md``). So the
         loading thread runs torch single-threaded (``single_threaded_here``) and the step
         thread alone gets ``threads``.
         """
@@ -353,8 +353,8 @@ class ModelRunner:
     ) -> dict[int, float]:
         """Log-probability of each scored row's choice, renormalised over its allowed tokens
         (forced characters are not scored; ``SeqSpec.scored``). log_softmax, not logsumexp:
-        4x faster here on rows full of -inf (0.65 vs 2.6 ms at 256 rows), and finite, since
-        a row always has a choice."""
+        several times faster on rows full of -inf (``docs/performance.md``), and finite,
+        since a row always has a choice."""
         want = [b for b, r in enumerate(rows) if r.spec.scored and forced[b] is None]
         if not want:
             return {}

@@ -11,10 +11,10 @@ Interactive requests keep the greedy engine; a job may ask for the quality mode 
   (``items.N``), so a job never silently mixes the two kinds of answer.
 * Where it runs: in a ``chunlian worker`` process (Celery mode), next to the usual model,
   loaded at the first quality item (``QualityModel``); in the embedded mode (no broker), in
-  one spawned child process (``QualityProcess``) at ``SCHED_IDLE`` (and niced ``ENGINE_NICE
-  + WORKER_NICE``): it runs on cores that the event loop and the engine replicas leave idle.
-  Beside a 16-client miss load that cost interactive throughput 14% (niced alone: 29%), and
-  the job waits while the load lasts (``docs/guides/bulk-jobs.md``).
+  one spawned child process (``QualityProcess``) at ``SCHED_IDLE`` (and niced ``engine_nice
+  + worker_nice``): it runs on cores that the event loop and the engine replicas leave idle.
+  Beside a miss load it takes much less interactive throughput than niced alone, and the job
+  waits while the load lasts (``docs/guides/bulk-jobs.md``, ``docs/performance.md``).
   The quality mode is the shipped pair of weights (``CHUNLIAN_MODEL_PATH`` does not change
   it); a worker on ``--engine-url`` (on a serving machine) loads that pair itself for quality
   items and then runs at ``SCHED_IDLE`` too.
