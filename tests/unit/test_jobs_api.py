@@ -107,14 +107,15 @@ async def test_cancel_stops_pending_items_and_frees_the_engine() -> None:
         assert [x["status"] for x in body["results"]] == ["cancelled"] * 3
 
 
-async def test_bulk_keeps_to_its_share_while_interactive_work_is_present() -> None:
+async def test_bulk_items_go_to_the_engine_a_window_at_a_time_at_bulk_priority() -> None:
+    """The job runner keeps at most ``max_batch_size`` items in the engine and sends them at
+    bulk priority; pacing them beside interactive work is the scheduler's
+    (``test_scheduler``: bulk keeps to its share)."""
     engine = FakeEngine()
     engine.hold = asyncio.Event()
     async with running_app(engine, max_batch_size=8, bulk_min_share=0.25) as h:
         jobs = h.client._transport.app.state.jobs  # type: ignore[attr-defined]
-        assert (jobs.window, jobs.share) == (8, 2)
-        busy = [1]
-        jobs.interactive_load = lambda: busy[0]
+        assert jobs.window == 8
 
         async def calls_reach(n: int) -> None:
             for _ in range(1000):
@@ -123,35 +124,11 @@ async def test_bulk_keeps_to_its_share_while_interactive_work_is_present() -> No
                 await asyncio.sleep(0.002)
 
         await h.client.post("/v1/jobs", json={"items": [{"upper": u} for u in UPPERS]})
-        await calls_reach(2)
-        await asyncio.sleep(0.05)
-        assert len(engine.calls) == 2 and jobs.in_flight == 2  # interactive work: the share only
-        busy[0] = 0
         await calls_reach(8)
         await asyncio.sleep(0.05)
-        assert len(engine.calls) == 8 and jobs.in_flight == 8  # idle engine: the whole window
+        assert len(engine.calls) == 8 and jobs.in_flight == 8  # the whole window, no more
+        assert {c.priority for c in engine.calls} == {"bulk"}
         engine.hold.set()
-
-
-async def test_bulk_sees_the_interactive_load_whatever_runs_the_engine() -> None:
-    """The jobs' ``interactive_load`` counts what the service has asked of the engine, so it
-    holds for engines without an in-process scheduler (child processes, replicas)."""
-    engine = FakeEngine()
-    engine.hold = asyncio.Event()
-    assert not hasattr(engine, "scheduler")
-    async with running_app(engine) as h:
-        jobs = h.client._transport.app.state.jobs  # type: ignore[attr-defined]
-        assert jobs.interactive_load() == 0
-        one = asyncio.ensure_future(h.client.post("/v1/couplets", json={"upper": UPPERS[0]}))
-        three = asyncio.ensure_future(h.client.post("/v1/couplets", json={"upper": UPPERS[1], "n": 3, "seed": 1}))
-        for _ in range(500):
-            if jobs.interactive_load() == 4:
-                break
-            await asyncio.sleep(0.002)
-        assert jobs.interactive_load() == 4  # 1 + 3 sequences, held in the engine
-        engine.hold.set()
-        assert (await one).status_code == 200 and (await three).status_code == 200
-        assert jobs.interactive_load() == 0
 
 
 async def test_shut_down_with_a_job_running_is_clean() -> None:

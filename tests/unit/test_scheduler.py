@@ -105,13 +105,24 @@ def test_interactive_first_and_bulk_keeps_its_minimum_share() -> None:
     assert p.prefill == [0, 1, 2, 3, 4, 5, 100, 101]
 
 
-def test_bulk_fills_what_interactive_leaves_free() -> None:
+def test_bulk_keeps_to_its_share_beside_interactive_work_and_fills_an_idle_engine() -> None:
     s = sched(max_batch_size=8, bulk_min_share=0.25)
     s.add(req(1))
     for i in range(10):
         s.add(req(100 + i, prio="bulk"))
-    p = s.plan(1.0)
-    assert p.prefill == [1] + [100 + i for i in range(7)]
+    assert s.plan(1.0).prefill == [1, 100, 101]  # interactive runs: bulk holds its 2 rows
+    assert s.plan(1.1).prefill == []  # and no more while it runs, with 5 rows free
+    s.on_seqs_finished(1, 1)
+    s.on_seqs_finished(100, 1)
+    s.on_seqs_finished(101, 1)
+    assert s.plan(1.2).prefill == [102 + i for i in range(8)]  # no interactive work: all rows
+    s.add(req(2))
+    s.add(req(3))
+    assert s.plan(1.3).prefill == []  # bulk over its share finishes first; nothing is preempted
+    for i in range(6):
+        s.on_seqs_finished(102 + i, 1)
+    assert s.plan(1.4).prefill == [2, 3]  # interactive joins: 2 bulk rows and 2 interactive
+    assert (s.live_seqs, s.live_bulk_seqs) == (4, 2)
 
 
 def test_bulk_is_never_starved() -> None:

@@ -51,9 +51,6 @@ class CoupletService:
         # decoding rules beyond the model's (``Settings.rules_tag``: the zodiac year): an
         # answer cached under one year's rules is no answer under another's
         self.rules_tag = rules_tag
-        # interactive sequences asked of the engine and not yet answered, whatever runs the
-        # engine (a thread, a child process, replicas): what in-process bulk jobs yield to
-        self.interactive_seqs = 0
 
     def _key(self, req: CoupletRequest) -> str:
         tag = self.engine.model_tag
@@ -107,15 +104,10 @@ class CoupletService:
         return Answer(result, False)
 
     async def _generate(self, req: CoupletRequest, regenerate: bool) -> CoupletResult:
-        seqs = req.params.n if req.priority == "interactive" else 0
-        self.interactive_seqs += seqs
-        try:
-            if regenerate:
-                fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
-                return await self.engine.generate(fresh)
-            result = await self.engine.generate(req)
-        finally:
-            self.interactive_seqs -= seqs
+        if regenerate:
+            fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
+            return await self.engine.generate(fresh)
+        result = await self.engine.generate(req)
         await self.cache.put(self._key(req), result)
         return result
 

@@ -18,10 +18,13 @@ Admission rules
   * Deadlines count queue time: a waiting request whose deadline passed is dropped before it
     reaches the model (``expired``); a running one is released (``release``).
   * Cancellation: a cancelled waiting request is dropped; a running one frees its slots.
-  * Priorities: interactive first, FIFO within a class. Bulk fills what interactive leaves
-    free, and whenever bulk work waits it may hold up to ``bulk_min_share`` of the slots
-    (at least one) even while interactive work waits, so bulk is never starved for ever and
-    interactive keeps at least ``1 - bulk_min_share`` of the engine.
+  * Priorities: interactive first, FIFO within a class. Whenever bulk work waits it may hold
+    up to ``bulk_min_share`` of the slots (at least one) even while interactive work waits,
+    so bulk is never starved for ever. While interactive work runs or waits, bulk holds no
+    more than that share: every row in a step shares its cost, so bulk rows slow interactive
+    answers even when slots are free. With no interactive work, bulk fills every slot. This
+    is the one place the bulk share is enforced: job runners send bulk work at ``bulk``
+    priority and leave the pacing to the scheduler.
 """
 
 from __future__ import annotations
@@ -90,9 +93,9 @@ class SchedulerConfig:
 
 
 def bulk_rows(rows: int, share: float) -> int:
-    """Rows of ``rows`` that bulk work may hold while interactive work waits: ``share`` of
-    them, at least one (none when ``share`` is 0). The scheduler reserves them; bulk jobs
-    send at most this many items at a time, so they never fill an interactive batch."""
+    """Rows of ``rows`` that bulk work may hold while interactive work runs or waits:
+    ``share`` of them, at least one (none when ``share`` is 0). The scheduler reserves them
+    for waiting bulk work and holds bulk to them beside interactive work."""
     return max(1, math.floor(rows * share)) if share > 0 else 0
 
 
@@ -207,12 +210,13 @@ class Scheduler:
             if cap - self.live_seqs < self._waiting_seqs(group):
                 return  # running: let newcomers join in groups (prefill grouping, docstring)
         bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
-        reserve = 0
-        if bulk_q:
-            reserve = max(0, bulk_rows(cap, self.cfg.bulk_min_share) - self.live_bulk_seqs)
-        inter_room = cap - self.live_seqs - reserve
-        self._take(inter_q, inter_room, plan)
-        self._take(bulk_q, cap - self.live_seqs, plan)
+        share = bulk_rows(cap, self.cfg.bulk_min_share)
+        reserve = max(0, share - self.live_bulk_seqs) if bulk_q else 0
+        self._take(inter_q, cap - self.live_seqs - reserve, plan)
+        bulk_room = cap - self.live_seqs
+        if inter_q or self.live_seqs > self.live_bulk_seqs:  # interactive work: bulk keeps to its share
+            bulk_room = min(bulk_room, share - self.live_bulk_seqs)
+        self._take(bulk_q, bulk_room, plan)
 
     def _waiting_seqs(self, limit: int) -> int:
         """Sequences waiting, counted up to ``limit`` (each step asks; the queue can be long)."""

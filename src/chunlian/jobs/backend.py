@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from chunlian.config import Settings
-from chunlian.engine.scheduler import bulk_rows
 from chunlian.errors import EngineStopped
 from chunlian.jobs.items import Spec, failed_entry
 from chunlian.jobs.redis_store import RedisJobStore
@@ -152,17 +151,6 @@ def build_jobs(settings: Settings, service: Any) -> JobsBackend:
     from chunlian.jobs.inprocess import InProcessJobs
     from chunlian.jobs.quality import QualityProcess
 
-    def interactive_load() -> int:
-        """Interactive sequences in the engine now (0 when not ready). Counted by the service,
-        not read from a scheduler: with engine replicas (the default on a CPU) the schedulers
-        live in child processes, where an in-process reading finds nothing, and bulk jobs
-        would never yield: an in-process job would take a large share of the interactive
-        misses' throughput (``docs/performance.md``, "Measurements behind the code")."""
-        svc = service()
-        return int(getattr(svc, "interactive_seqs", 0) or 0)
-
-    share = max(1, bulk_rows(settings.max_batch_size, settings.bulk_min_share))  # one at least
     return InProcessJobs(service, settings.job_result_ttl_s, window=settings.max_batch_size,
-                         share=share, interactive_load=interactive_load,
                          item_timeout_s=settings.job_hard_time_limit_s,
                          quality=QualityProcess(settings.model_dump()))

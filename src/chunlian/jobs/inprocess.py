@@ -2,14 +2,10 @@
 
 The same endpoints and the same store interface as Celery mode (``MemoryJobStore``), for
 a single instance with no Redis. Items go through the service (cache first, then the
-engine) at ``bulk`` priority. The engine's scheduler admits interactive requests first,
-but every sequence in a step shares its cost, so bulk rows in the batch still slow each
-step down. Hence two limits on how many bulk items are in the engine at once:
-
-* ``window`` (the engine's ``max_batch_size``) while the engine has no interactive work;
-* ``share`` (``max_batch_size * bulk_min_share``, at least 1) while it has: new bulk items
-  wait until the bulk in flight drops below it, so interactive traffic gets the engine
-  back within one request's time and bulk keeps trickling at its guaranteed share.
+engine) at ``bulk`` priority, at most ``window`` (the engine's ``max_batch_size``) at once.
+The pacing is the engine scheduler's alone (``engine.scheduler``): interactive requests
+first, and bulk rows held to their share while interactive work runs, so interactive
+traffic gets the engine back within one request's time and bulk keeps trickling.
 
 Retries: a transient failure (queue full, deadline, a failed model step) is retried after
 ``2^n`` s (1, 2; 3 tries in all), a permanent one (bad input) fails the item at once.
@@ -53,8 +49,7 @@ class InProcessJobs:
 
     mode = "in-process"
 
-    def __init__(self, service: Callable[[], Any], ttl_s: float, window: int = 16, share: int = 4,
-                 interactive_load: Callable[[], int] | None = None,
+    def __init__(self, service: Callable[[], Any], ttl_s: float, window: int = 16,
                  item_timeout_s: float = 60.0, backoff_s: float = 1.0,
                  quality: QualityRunner | None = None) -> None:
         self.store = MemoryJobStore(ttl_s)
@@ -62,8 +57,6 @@ class InProcessJobs:
         self._service = service
         self._window: asyncio.Semaphore | None = None  # created on the event loop
         self.window = max(1, window)
-        self.share = max(1, min(share, self.window))
-        self.interactive_load = interactive_load or (lambda: 0)
         self.in_flight = 0  # bulk items of all jobs in the engine (or between tries) now
         self.item_timeout_s = item_timeout_s
         self.backoff_s = backoff_s
@@ -120,8 +113,6 @@ class InProcessJobs:
         try:
             for index, spec in enumerate(specs):
                 await window.acquire()  # in order, at most ``window`` items in the engine
-                while self.in_flight >= self.share and self.interactive_load() > 0:
-                    await asyncio.sleep(0.002)  # interactive work: bulk keeps to its share
                 if self.store.is_cancelled(job_id):
                     window.release()
                     break

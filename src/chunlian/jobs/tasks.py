@@ -27,7 +27,6 @@ from celery import Task
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init
 
-from chunlian.engine.scheduler import bulk_rows
 from chunlian.jobs.celery_app import RETRY_BACKOFF_MAX_S, TASK_NAME, get_app
 from chunlian.jobs.redis_store import RedisJobStore
 from chunlian.jobs.worker import MAX_TRIES, Executor, RetryChunk, fail_remaining, process_chunk
@@ -57,13 +56,12 @@ def executor() -> Executor:
 
         s = app.chunlian_settings
         url = s.worker_engine_url
-        if url:  # the instance's engine: at most its bulk share per request, so that this
-            # worker never fills the batch that interactive requests share
+        if url:  # the instance's engine, at bulk priority: its scheduler keeps this
+            # worker's rows to the bulk share while interactive requests run
             keys = sorted(s.api_key_set)
-            share = max(1, bulk_rows(s.max_batch_size, s.bulk_min_share))  # one at least
-            _executor = HttpExecutor(url, share, s.job_soft_time_limit_s,
+            _executor = HttpExecutor(url, s.max_batch_size, s.job_soft_time_limit_s,
                                      api_key=keys[0] if keys else None, blocklist=s.generation_blocklist())
-            log.info("worker %d sends items to %s (%d at a time)", os.getpid(), url, share)
+            log.info("worker %d sends items to %s (%d at a time)", os.getpid(), url, s.max_batch_size)
         else:
             _executor = LocalExecutor.from_settings(s)
     return _executor
