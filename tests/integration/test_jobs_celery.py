@@ -502,8 +502,9 @@ def test_worker_on_an_instance_engine_over_http(rds: redis.Redis, weights: Path,
     assert {r["model"] for r in results} == {FakeEngine.model_tag}
     assert len(engine.calls) == 30 and {c.priority for c in engine.calls} == {"bulk"}
     assert "loaded" not in worker.log() and f"sends items to {server.base_url}" in worker.log()
-    # at most the bulk share (16 * 0.25) of items per request to the engine
-    assert "(4 at a time)" in worker.log()
+    # up to max_batch_size items a request, at bulk priority: the instance's scheduler paces
+    # them beside interactive work (test_scheduler)
+    assert "(16 at a time)" in worker.log()
 
 
 BAD_BODIES: list[tuple[Any, str | None]] = [

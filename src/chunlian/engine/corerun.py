@@ -1,5 +1,5 @@
 """The engine process's main loop: an ``EngineCore`` driven straight from the pipe, on the
-process's one thread, with no event loop (``engine.process`` spawns it).
+process's one thread, with no event loop (``engine.process.child_main`` runs it).
 
 Each turn takes every message waiting on the pipe, runs one core step and sends the
 requests that ended as one ``Answers`` message. With nothing to run, the loop sleeps on the
@@ -12,18 +12,15 @@ import contextlib
 import dataclasses
 import logging
 import math
-import os
 import time
 from multiprocessing.connection import Connection
 
-from chunlian.engine.config import EngineConfig
 from chunlian.engine.core import CoreOutput, CoreRequest, EngineCore
 from chunlian.engine.messages import (
     Abort,
     Add,
     Answer,
     Answers,
-    Failed,
     Ready,
     Stats,
     Stop,
@@ -34,22 +31,6 @@ from chunlian.errors import ChunlianError, EngineStopped
 
 log = logging.getLogger("chunlian.engine")
 STATS_EVERY_S = 0.25
-
-
-def child_main(config: EngineConfig, conn: Connection) -> None:
-    """Entry point of the engine process: nice it once (torch's threads inherit it), load the
-    model, serve the pipe until told to stop or the parent goes away."""
-    with contextlib.suppress(OSError):
-        # the web process answers hits, 429s and health checks in microseconds; under
-        # overload it must win the CPU over the engine, not wait behind it
-        os.nice(config.engine_nice)
-    try:
-        core = EngineCore.from_config(config)
-    except Exception as e:  # noqa: BLE001 - reported to the parent, which stays not ready
-        conn.send(Failed(f"{type(e).__name__}: {e}"))
-        return
-    core.runner.bind_thread()
-    CoreLoop(core, conn).run()
 
 
 class CoreLoop:

@@ -90,8 +90,10 @@ class Engine:
 
     @property
     def stats(self) -> EngineStats:
-        self.core.stats.coalesced = self._inflight.coalesced  # counted here, in front of the core
-        return self.core.stats
+        stats = self.core.stats
+        stats.coalesced = self._inflight.coalesced  # counted here, in front of the core
+        stats.queue_depth = self.queue_depth  # the inbox's adds wait too
+        return stats
 
     @property
     def model_tag(self) -> str:

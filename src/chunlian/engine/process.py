@@ -23,13 +23,13 @@ import contextlib
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from chunlian import errors as E
 from chunlian.engine.config import EngineConfig
-from chunlian.engine.corerun import child_main
 from chunlian.engine.messages import (
     Abort,
     Add,
@@ -207,3 +207,24 @@ class ProcessEngine:
             if not fut.done():
                 fut.set_exception(error)
                 fut.exception()  # retrieved: its caller may be gone
+
+
+# ---- the child: light imports until it is niced (torch's threads inherit the nice) ----------
+def child_main(config: EngineConfig, conn: Connection) -> None:
+    """Entry point of the engine process: nice it once, before any other thread exists (a
+    thread's nice is its own; the threads started later inherit it), load the model, then
+    serve the pipe until told to stop or the parent goes away (``engine.corerun``)."""
+    with contextlib.suppress(OSError):
+        # the web process answers hits, 429s and health checks in microseconds; under
+        # overload it must win the CPU over the engine, not wait behind it
+        os.nice(config.engine_nice)
+    from chunlian.engine.core import EngineCore
+    from chunlian.engine.corerun import CoreLoop
+
+    try:
+        core = EngineCore.from_config(config)
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which stays not ready
+        conn.send(Failed(f"{type(e).__name__}: {e}"))
+        return
+    core.runner.bind_thread()
+    CoreLoop(core, conn).run()
