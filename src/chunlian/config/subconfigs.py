@@ -123,7 +123,7 @@ class EngineSettings(SubConfig):
     coalesce: bool = True
     """Identical requests in flight share one generation; `false` only for a baseline."""
     bulk_min_share: float = Field(0.125, ge=0.0, le=1.0)  # slots bulk gets even under interactive load
-    """Share of batch rows bulk work (batch endpoint, jobs) keeps while interactive requests wait."""
+    """Share of batch rows bulk work (batch endpoint, jobs) keeps while interactive requests wait, and holds to while they run."""
     # while a batch runs, newcomers are admitted once this many can join together (or all
     # that wait): a prefill costs a whole forward pass, so one per step would halve decoding.
     # 0 = auto (max_batch_size // 8, at least 1); 1 = admit at every step.
