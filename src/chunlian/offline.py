@@ -24,6 +24,10 @@ from chunlian.text import validate_upper
 from chunlian.types import BeamParams, CoupletRequest, CoupletResult, DecodeParams
 from chunlian.validation import MAX_CANDIDATES, validate_heads, validate_keyword
 
+# requests the in-process client keeps queued in the core, per row of capacity: enough for
+# every free row to be filled at each step, few enough that the scheduler's scans stay short
+_WINDOW_FACTOR = 2
+
 MAX_BEAM = 32
 MAX_CHANNEL_WEIGHT = 4.0
 
@@ -217,7 +221,3 @@ class OfflineGenerator:
                 self.core.fail_all(ModelError("generation interrupted"))
         return [o if o is not None else CoreOutput(i, error=ModelError("no answer")) for i, o in enumerate(outs)]
 
-
-# requests the in-process client keeps queued in the core, per row of capacity: enough for
-# every free row to be filled at each step, few enough that the scheduler's scans stay short
-_WINDOW_FACTOR = 2

@@ -212,7 +212,6 @@ def test_rerank_adds_every_weighted_term_and_breaks_ties_by_beam_order() -> None
     from chunlian.types import BeamParams
 
     hyps = (BeamHyp("甲", -1.0, -1.0), BeamHyp("乙", -1.5, -1.5))
-    channel, forward = iter([]), iter([])
 
     class Stub:
         def __init__(self, values: list[float]) -> None:
@@ -226,7 +225,6 @@ def test_rerank_adds_every_weighted_term_and_breaks_ties_by_beam_order() -> None
         r._channel, r._forward = Stub([-3.0, -1.0]), (Stub([-1.0, -2.0]),)  # type: ignore[assignment]
         return [h.lower for h in r.rerank([BeamJob("春回", "traditional", BeamParams(2, cw, rw), hyps)])[0]]
 
-    del channel, forward
     assert ranked(0.0, 0.0) == ["甲", "乙"]
     assert ranked(1.0, 0.0) == ["乙", "甲"]  # -4 vs -2.5
     assert ranked(1.0, 1.0) == ["乙", "甲"]  # -5 vs -4.5

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from chunlian.engine.config import EngineConfig
 from chunlian.engine.rates import RateWindow
-from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand, model_request
+from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand
 from chunlian.engine.rerank import HengpiChooser, build_result
 from chunlian.engine.rescore import BeamJob, Rescorer
 from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
@@ -283,8 +283,7 @@ class EngineCore:
 
     @staticmethod
     def _beam_job(w: _Work) -> BeamJob:
-        out = w.outputs[0]
-        req = model_request(w.req.request)
+        out, req = w.outputs[0], w.req.request  # ``out.upper`` is the searched (model) form
         assert req.params.beam is not None
         return BeamJob(out.upper, req.style, req.params.beam, out.beams)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import time
 from multiprocessing.connection import Connection
 
@@ -64,7 +63,7 @@ class CoreLoop:
         now = time.monotonic()
         idle_s = self.core.idle_wait_s
         wait_s = 0.0 if idle_s is None else min(idle_s, max(0.0, self._stats_due - now))
-        if self.conn.poll(wait_s if math.isfinite(wait_s) else STATS_EVERY_S):
+        if self.conn.poll(wait_s):
             while True:
                 if not self._apply(self.conn.recv()):
                     return False

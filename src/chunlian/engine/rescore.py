@@ -37,7 +37,7 @@ class Rescorer:
 
     searching: LoadedModel
     forward: tuple[LoadedModel, ...] = ()
-    _channel: ChannelScorer | None = field(default=None, init=False, repr=False)
+    _channel: ChannelScorer = field(init=False, repr=False)
     _forward: tuple[ChannelScorer, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -48,18 +48,16 @@ class Rescorer:
         """Each job's lines, best first by ``logprob + channel_weight * channel +
         rescore_weight * forward`` (ties keep the beam's order)."""
         triples = [(j.upper, h.lower, j.style) for j in jobs for h in j.hyps]
-        channel = self._scores([self._channel] if self._channel else [], triples,
+        channel = self._scores([self._channel], triples,
                                any(j.params.channel_weight > 0 for j in jobs))
         forward = self._scores(list(self._forward), triples, any(j.params.rescore_weight > 0 for j in jobs))
         out: list[list[BeamHyp]] = []
         at = 0
         for j in jobs:
-            def total(k: int, h: BeamHyp, j: BeamJob = j, at: int = at) -> float:
-                return (h.logprob + j.params.channel_weight * channel[at + k]
-                        + j.params.rescore_weight * forward[at + k])
-
-            ranked = sorted(enumerate(j.hyps), key=lambda kh: -total(*kh))
-            out.append([h for _, h in ranked])
+            cw, rw = j.params.channel_weight, j.params.rescore_weight
+            totals = [h.logprob + cw * channel[at + k] + rw * forward[at + k] for k, h in enumerate(j.hyps)]
+            # a stable sort, reverse included: ties keep the beam's order
+            out.append([j.hyps[k] for k in sorted(range(len(totals)), key=totals.__getitem__, reverse=True)])
             at += len(j.hyps)
         return out
 
