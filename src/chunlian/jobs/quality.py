@@ -3,7 +3,7 @@
 Operators who print a campaign's couplets want the best lines, not the fastest: the
 quality mode (``offline.QUALITY``: the reverse-trained weights' beam of 32, reranked by
 their channel score and by the shipped weights) scores BLEU-4 4.15 on the validation split
-against the greedy answer's 3.29, at about five times a greedy line's time (MODEL_CARD.md).
+against the greedy answer's 3.29, at about five times a greedy line's time (docs/MODEL_CARD.md).
 Interactive requests keep the greedy engine; a job may ask for the quality mode instead.
 
 * Which items: 下联 items (``upper``) with ``n`` = 1 and no ``seed`` -- the mode searches
