@@ -8,6 +8,13 @@ from typing import Literal
 Style = Literal["traditional", "business", "family", "literary"]
 Priority = Literal["interactive", "bulk"]
 BatchingMode = Literal["continuous", "static"]
+# what a request asks for: the best couplet the load allows (auto), the quality mode's
+# search (best) or the greedy answer (fast)
+Quality = Literal["auto", "best", "fast"]
+# what answered it: the quality mode's search (best), a narrower search (good) or greedy
+# decoding / sampling (fast)
+Served = Literal["best", "good", "fast"]
+QUALITIES: tuple[Quality, ...] = ("auto", "best", "fast")
 
 DEFAULT_SAMPLING_TEMPERATURE = 0.8
 
@@ -67,8 +74,8 @@ class DecodeParams:
                 "top_p": self.top_p, "beam": None if self.beam is None else self.beam.as_dict()}
 
 
-# CoupletRequest.identity(): upper, heads, keyword, length, style, decoding parameters
-RequestIdentity = tuple[str | None, str | None, str | None, int | None, str, DecodeParams]
+# CoupletRequest.identity(): upper, heads, keyword, length, style, decoding parameters, quality
+RequestIdentity = tuple[str | None, str | None, str | None, int | None, str, DecodeParams, Quality]
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,9 @@ class CoupletRequest:
     params: DecodeParams = field(default_factory=DecodeParams)
     priority: Priority = "interactive"
     timeout_s: float | None = None  # None: the engine's default
+    # "fast" unless asked: library callers (CLI, eval) decode as they say; the HTTP API's
+    # default is "auto"
+    quality: Quality = "fast"
 
     @property
     def kind(self) -> str:
@@ -97,7 +107,13 @@ class CoupletRequest:
         """Everything that determines the output, as a hashable value (coalescing of
         identical requests in flight, the cache key's material); not priority or timeout.
         A tuple, not a digest: it is built for every request on the event loop."""
-        return (self.upper, self.heads, self.keyword, self.length, self.style, self.params)
+        return (self.upper, self.heads, self.keyword, self.length, self.style, self.params, self.quality)
+
+    @property
+    def searchable(self) -> bool:
+        """Whether a beam search (best, good) can answer it: a 下联 for a 上联, unseeded
+        (a seed asks for samples), with no search of its own already."""
+        return self.upper is not None and self.params.seed is None and self.params.beam is None
 
 
 @dataclass(frozen=True)
@@ -120,3 +136,4 @@ class CoupletResult:
     best: Couplet
     candidates: tuple[Couplet, ...] = ()
     model: str = ""
+    served: Served = "fast"  # the mode that wrote it

@@ -16,7 +16,7 @@ from chunlian.data.blocklist import default_blocklist
 from chunlian.errors import InvalidInput
 from chunlian.script import simplified
 from chunlian.text import is_han, normalize, validate_upper
-from chunlian.types import CoupletRequest, DecodeParams, Priority
+from chunlian.types import CoupletRequest, DecodeParams, Priority, Quality
 
 StyleName = Literal["traditional", "business", "family", "literary"]
 
@@ -78,8 +78,17 @@ class _Decoding(BaseModel):
         None, ge=MIN_TIMEOUT_MS, le=MAX_TIMEOUT_MS,
         description="Deadline including queue time (null: server default).",
     )
+    quality: Quality = Field(
+        "auto", description="best: the quality mode's search, at whatever latency the load allows (429 when "
+        "its deadline cannot be met); fast: greedy decoding; auto: best while the service has headroom, "
+        "stepping down under load. The answer's `served` says which mode wrote it. A 下联 only: a composed "
+        "couplet, a seed or regenerate is written fast.",
+    )
 
     def _params(self) -> DecodeParams:
+        if self.quality == "best" and (self.seed is not None or self.regenerate):
+            raise InvalidInput("quality best is a deterministic search: it takes no seed and no regenerate "
+                               "(use auto or fast to sample)", "quality")
         return DecodeParams(n=self.n, seed=self.seed)
 
     def _timeout_s(self) -> float | None:
@@ -98,7 +107,7 @@ class CoupletIn(_Decoding):
         """The engine request; raises ``InvalidInput`` when the text breaks the line rules."""
         return CoupletRequest(
             style=self.style, upper=validate_upper(self.upper, "upper"), params=self._params(),
-            priority=priority, timeout_s=self._timeout_s(),
+            priority=priority, timeout_s=self._timeout_s(), quality=self.quality,
         )
 
 
@@ -124,13 +133,13 @@ class ComposeIn(_Decoding):
             heads = validate_heads(self.heads)
             return CoupletRequest(
                 style=self.style, heads=heads, length=length, params=self._params(),
-                priority=priority, timeout_s=self._timeout_s(),
+                priority=priority, timeout_s=self._timeout_s(), quality=self.quality,
             )
         if self.keyword is not None:
             keyword = validate_keyword(self.keyword, length)
             return CoupletRequest(
                 style=self.style, keyword=keyword, length=length, params=self._params(),
-                priority=priority, timeout_s=self._timeout_s(),
+                priority=priority, timeout_s=self._timeout_s(), quality=self.quality,
             )
         raise InvalidInput("either heads or keyword is required", "heads")
 

@@ -14,8 +14,9 @@ from chunlian.api import create_app
 from chunlian.api.runtime import Runtime
 from chunlian.config import Settings, load_settings
 from chunlian.engine.stats import EngineStats, StepReport
+from chunlian.engine.tiers import fixed_tier
 from chunlian.errors import EngineStopped
-from chunlian.types import Couplet, CoupletRequest, CoupletResult
+from chunlian.types import Couplet, CoupletRequest, CoupletResult, Served
 
 
 def _han(i: int) -> str:
@@ -36,6 +37,7 @@ class FakeEngine:
         self.hold: asyncio.Event | None = None  # generate() waits on it when set
         self.fail: dict[str, BaseException] = {}  # text (upper/keyword/heads) -> error
         self.cancelled = 0
+        self.auto_serves: Served = "best"  # the mode an auto request gets (the load's choice)
         self._listeners: list[Callable[[Any], None]] = []
 
     async def start(self) -> None:
@@ -67,12 +69,18 @@ class FakeEngine:
         self.stats.completed += 1
         self.stats.tokens_total += 7
         self.stats.steps_total += 1
-        cands = tuple(self._couplet(req, c) for c in range(req.params.n))
+        served = self.served(req)
+        cands = tuple(self._couplet(req, c, served) for c in range(req.params.n))
         return CoupletResult(best=cands[0], candidates=cands if req.params.n > 1 else (),
-                             model=self.model_tag)
+                             model=self.model_tag, served=served)
 
-    def _couplet(self, req: CoupletRequest, c: int) -> Couplet:
-        salt = (req.params.seed or 0) + c
+    def served(self, req: CoupletRequest) -> Served:
+        """As the engine decides it (``engine.tiers.fixed_tier``), auto as ``auto_serves``."""
+        return fixed_tier(req, searching=True) or self.auto_serves
+
+    def _couplet(self, req: CoupletRequest, c: int, served: Served = "fast") -> Couplet:
+        # each mode writes its own lines, so a test can tell whose answer came back
+        salt = (req.params.seed or 0) + c + {"best": 1000, "good": 500, "fast": 0}[served]
         if req.upper is not None:
             upper = req.upper
         else:

@@ -31,7 +31,7 @@ async def test_couplet_then_cached_repeat() -> None:
         r1 = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})
         assert r1.status_code == 200, r1.text
         b1 = r1.json()
-        assert set(b1) == {"upper", "lower", "hengpi", "style", "cached", "model"}
+        assert set(b1) == {"upper", "lower", "hengpi", "style", "cached", "model", "served"}
         assert b1["upper"] == "春回大地千山秀" and len(b1["lower"]) == 7
         assert b1["cached"] is False and b1["model"] == "fake-couplet@test"
         assert b1["style"] == "traditional"

@@ -20,7 +20,7 @@ def test_short_entries_are_keywords_long_ones_upper_lines() -> None:
         {"keyword": "福", "length": 5, "style": "traditional"},
         {"keyword": "恭喜发财", "length": 7, "style": "traditional"},
         {"keyword": "恭喜发财", "length": 5, "style": "traditional"},
-        {"upper": "春回大地千山秀", "style": "traditional"},
+        {"upper": "春回大地千山秀", "style": "traditional", "quality": "best"},
         {"keyword": "平安", "length": 7, "style": "traditional"},
         {"keyword": "平安", "length": 5, "style": "traditional"},
     ]
@@ -105,7 +105,7 @@ async def test_warmup_remote_waits_out_refusals_and_sends_items_refused_for_load
         report = await warmup_remote("http://unit", entries, client=client, sleep=sleep)
     assert [len(s) for s in sent] == [5, 5, 2, 1]
     assert [b["upper"] for b in sent[2]] == ["一帆风顺年年好", "爆竹声中辞旧岁"]
-    assert sent[3] == [{"upper": "一帆风顺年年好", "style": "traditional"}]
+    assert sent[3] == [{"upper": "一帆风顺年年好", "style": "traditional", "quality": "best"}]
     assert waits == [3.0, 2.0, 4.0]  # Retry-After, then the doubling back-off of tries 1 and 2
     assert (report.ok, report.failed) == (4, 1) and report.errors == ["invalid_input: invalid_input!"]
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from chunlian.errors import ChunlianError, InvalidInput, ModelError
-from chunlian.jobs.inprocess import InProcessJobs
 from chunlian.jobs.items import Spec, validate_items
 from chunlian.jobs.quality import QUALITY_SUB_BATCH, is_quality
 from chunlian.jobs.store import MemoryJobStore
@@ -50,19 +49,15 @@ class FakeQuality:
         self.closed = True
 
 
-def test_only_plain_upper_items_may_ask_for_the_quality_mode() -> None:
-    specs = validate_items([{"upper": "春回大地千山秀"}, {"upper": "生意兴隆通四海", "style": "business"}], quality=True)
-    assert [s.get("quality") for s in specs] == [True, True] and specs[1]["style"] == "business"
-    assert "quality" not in validate_items([{"upper": "春回大地千山秀"}])[0]
-    for bad, index in (([{"upper": "春回大地千山秀"}, {"heads": "李明"}], 1),
-                       ([{"keyword": "新春"}], 0),
-                       ([{"upper": "春回大地千山秀", "n": 3}], 0),
-                       ([{"upper": "春回大地千山秀"}, {"upper": "天增岁月人增寿", "seed": 7}], 1)):
-        with pytest.raises(InvalidInput) as e:
-            validate_items(bad, quality=True)
-        assert e.value.field == f"items.{index}" and "quality" in e.value.message
+def test_the_items_the_quality_mode_can_answer_are_marked_for_it() -> None:
+    items = [{"upper": "春回大地千山秀"}, {"upper": "生意兴隆通四海", "style": "business"}, {"heads": "李明"},
+             {"keyword": "新春"}, {"upper": "春回大地千山秀", "n": 3}, {"upper": "天增岁月人增寿", "seed": 7}]
+    specs = validate_items(items)  # the default: best
+    assert [s.get("quality") for s in specs] == [True, True, None, None, None, None]
+    assert specs[1]["style"] == "business"
+    assert not any("quality" in s for s in validate_items(items, quality=False))
     with pytest.raises(InvalidInput) as e:  # the item's own rules still come first
-        validate_items([{"upper": "hello"}], quality=True)
+        validate_items([{"upper": "hello"}])
     assert e.value.field == "items.0.upper"
 
 
@@ -115,52 +110,22 @@ def test_a_quality_chunk_runs_and_records_in_small_sub_batches() -> None:
     assert [len(c) for c in plain.calls] == [20]
 
 
-async def test_an_embedded_quality_job_skips_the_engine_and_retries_a_failed_batch() -> None:
+async def test_an_embedded_job_asks_the_engine_for_best_at_bulk_priority_and_says_what_served() -> None:
     async with running_app() as h:
-        jobs = h.client._transport.app.state.jobs  # type: ignore[attr-defined]
-        assert isinstance(jobs, InProcessJobs)
-        fake = FakeQuality(fail_times=1, bad=[UPPERS[9]])
-        jobs.quality, jobs.backoff_s = fake, 0.001
-        r = await h.client.post("/v1/jobs", json={"items": [{"upper": u} for u in UPPERS], "quality": True})
-        assert r.status_code == 202, r.text
-        body = await wait_finished(h.client, r.json()["job_id"])
-        assert body["progress"] == {"done": 9, "failed": 1, "cancelled": 0, "total": 10}
-        res = (await h.client.get(f"/v1/jobs/{r.json()['job_id']}", params={"limit": 10})).json()["results"]
-        assert [x["upper"] for x in res[:9]] == UPPERS[:9] and {x["model"] for x in res[:9]} == {"quality@test"}
-        assert res[9]["status"] == "failed" and res[9]["error"]["code"] == "model_error"
-        # the first batch failed once and ran again; the engine was never asked
-        assert fake.calls == [UPPERS[:8], UPPERS[:8], UPPERS[8:]] and h.engine.calls == []
-        bad = await h.client.post("/v1/jobs", json={"items": [{"heads": "李明"}], "quality": True})
-        assert bad.status_code == 422 and bad.json()["error"]["field"] == "items.0"
+        items = [{"upper": UPPERS[0]}, {"heads": "李明"}, {"upper": UPPERS[1], "seed": 4}]
+        # fast first: a cached best answer would answer a fast item too (``api.service``)
+        for quality, first in ((False, "fast"), ("fast", "fast"), (None, "best"), (True, "best"),
+                               ("best", "best"), ("auto", "best")):
+            h.engine.calls.clear()
+            body: dict[str, object] = {"items": items, **({} if quality is None else {"quality": quality})}
+            r = await h.client.post("/v1/jobs", json=body)
+            assert r.status_code == 202, r.text
+            await wait_finished(h.client, r.json()["job_id"])
+            res = (await h.client.get(f"/v1/jobs/{r.json()['job_id']}")).json()["results"]
+            assert [x["served"] for x in res] == [first, "fast", "fast"], quality
+            assert {c.priority for c in h.engine.calls} <= {"bulk"}
         bad = await h.client.post("/v1/jobs", json={"items": [{"upper": UPPERS[0]}], "quality": "yes"})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "quality"
-
-
-async def test_an_embedded_quality_job_fails_after_its_tries_and_can_be_cancelled() -> None:
-    async with running_app() as h:
-        jobs = h.client._transport.app.state.jobs  # type: ignore[attr-defined]
-        jobs.quality, jobs.backoff_s = FakeQuality(fail_times=99), 0.001
-        job_id = (await h.client.post("/v1/jobs", json={"items": [{"upper": u} for u in UPPERS[:3]],
-                                                          "quality": True})).json()["job_id"]
-        body = await wait_finished(h.client, job_id)
-        res = (await h.client.get(f"/v1/jobs/{job_id}")).json()["results"]
-        assert body["progress"]["failed"] == 3 and {x["error"]["code"] for x in res} == {"item_failed"}
-        assert "after 3 tries: RuntimeError" in res[0]["error"]["message"]
-
-        hold = asyncio.Event()
-        jobs.quality = FakeQuality(hold=hold)
-        job_id = (await h.client.post("/v1/jobs", json={"items": [{"upper": u} for u in UPPERS],
-                                                          "quality": True})).json()["job_id"]
-        for _ in range(400):
-            if jobs.quality.calls:
-                break
-            await asyncio.sleep(0.005)
-        r = await h.client.delete(f"/v1/jobs/{job_id}")
-        assert r.json()["progress"] == {"done": 0, "failed": 0, "cancelled": 10, "total": 10}
-        hold.set()
-        await asyncio.sleep(0.05)
-        assert len(jobs.quality.calls) == 1  # nothing after the cancellation
-    assert jobs.quality.closed  # shut down with the app
 
 
 def test_a_quality_model_loads_once_and_an_engine_url_worker_runs_it_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.responses import Response
 
 from chunlian.api.auth import KEY_NEEDED, require_api_key
@@ -30,6 +30,7 @@ from chunlian.errors import InvalidInput
 from chunlian.jobs.backend import JobsBackend
 from chunlian.jobs.items import MAX_JOB_ITEMS, validate_items
 from chunlian.jobs.store import MAX_RESULTS_PAGE, JobState
+from chunlian.types import Quality
 
 DEFAULT_PAGE = 100
 DEFAULT_LIST, MAX_LIST = 20, 100
@@ -58,11 +59,19 @@ class JobIn(BaseModel):
             {"$ref": "#/components/schemas/CoupletIn"}, {"$ref": "#/components/schemas/ComposeIn"},
         ]}},
     )
-    quality: bool = Field(
-        False, description="Answer every item in the offline quality mode: a beam of 32 reranked by "
-        "two more models' judgement (validation BLEU-4 4.15 against 3.29), about five times a greedy "
-        "line's time. Every item must then be a /v1/couplets body with n = 1 and no seed.",
+    quality: Quality = Field(
+        "best", description="best (the default; `true` too): every /v1/couplets item with n = 1 and no "
+        "seed is answered by the quality mode's search, at bulk priority; the others are written fast. "
+        "fast (`false`): greedy decoding for every item. auto: as best (bulk work is paced by the bulk "
+        "share, not by a deadline). Each result says which mode `served` it.",
+        json_schema_extra={"anyOf": [{"enum": ["auto", "best", "fast"], "type": "string"}, {"type": "boolean"}]},
     )
+
+    @field_validator("quality", mode="before")
+    @classmethod
+    def _quality_from_bool(cls, v: object) -> object:
+        """``true`` / ``false`` (the field's first form) are ``best`` / ``fast``."""
+        return {True: "best", False: "fast"}.get(v, v) if isinstance(v, bool) else v
 
 
 class JobAccepted(BaseModel):
@@ -132,7 +141,7 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
 @router.post("/v1/jobs", status_code=202, response_model=JobAccepted, responses=_ERRORS)
 async def submit_job(body: JobIn, request: Request) -> Response:
     """Queue a bulk job; poll ``GET /v1/jobs/{job_id}`` for progress and results."""
-    specs = validate_items(body.items, body.quality)
+    specs = validate_items(body.items, body.quality != "fast")
     job_id = await _jobs(request).submit(specs)
     return _json({"job_id": job_id, "status": "queued", "total": len(specs)}, 202,
                  {"Location": f"/v1/jobs/{job_id}"})

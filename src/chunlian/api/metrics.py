@@ -128,6 +128,13 @@ class ServiceMetrics:
             "chunlian_http_requests", "HTTP requests by endpoint and status.",
             ["endpoint", "status"], registry=r,
         )
+        self.answers = Counter(
+            "chunlian_answers", "Couplet answers by the mode that wrote them (best, good, fast) and source (cache, engine).",
+            ["served", "source"], registry=r,
+        )
+        for served in ("best", "good", "fast"):
+            for source in ("cache", "engine"):
+                self.answers.labels(served, source)
         self.http_duration = Histogram(
             "chunlian_http_request_duration_seconds", "HTTP request latency by endpoint.",
             ["endpoint"], buckets=LATENCY_BUCKETS, registry=r,
@@ -175,6 +182,10 @@ class ServiceMetrics:
             self._request_series[(endpoint, status)] = series
         series[0].inc()
         series[1].observe(seconds)
+
+    def on_answer(self, served: str, cached: bool) -> None:
+        """Count one answer by the mode that wrote it."""
+        self.answers.labels(served, "cache" if cached else "engine").inc()
 
     def on_cache_lookup(self, store: str, result: str) -> None:
         """Count one cache lookup (``result``: hit, miss or error)."""

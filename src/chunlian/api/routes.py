@@ -78,6 +78,7 @@ def couplet_json(answer: Answer, model_tag: str, n: int) -> dict[str, Any]:
     out: dict[str, Any] = _couplet_dict(r.best)
     out["cached"] = answer.cached
     out["model"] = r.model or model_tag
+    out["served"] = r.served
     if n > 1:
         out["candidates"] = [_couplet_dict(c) for c in (r.candidates or (r.best,))]
     return out
@@ -141,7 +142,7 @@ async def couplet_reply(
     if answer is None:
         answer = await generate_for_client(receive, svc, req, regenerate=body.regenerate,
                                            arrival_s=arrival_s)
-    return json_bytes(couplet_json(answer, svc.model_tag, body.n))
+    return json_bytes(couplet_json(svc.count(answer), svc.model_tag, body.n))
 
 
 async def _couplet_route(body: CoupletIn | ComposeIn, request: Request) -> Response:
@@ -171,7 +172,7 @@ async def _batch_item(svc: CoupletService, item: object) -> dict[str, Any]:
         return error_body(code, message, field)
     except ChunlianError as e:
         return error_body(*describe(e))
-    return couplet_json(answer, svc.model_tag, parsed.n)
+    return couplet_json(svc.count(answer), svc.model_tag, parsed.n)
 
 
 @router.post("/v1/couplets/batch", response_model=BatchOut, tags=["couplets"],

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chunlian.types import Served
 from chunlian.validation import MAX_BATCH_ITEMS
 
 
@@ -42,6 +43,7 @@ class CoupletOut(CoupletText):
 
     cached: bool
     model: str = Field(..., description="name@version of the model that wrote it")
+    served: Served = Field(..., description="The mode that wrote it: best (the quality mode's search), good (a narrower search) or fast (greedy decoding, or sampling with a seed).")
     candidates: list[CoupletText] | None = None
 
 

@@ -4,6 +4,9 @@
   stored after generation (key: ``chunlian.cache.keys``).
 * ``regenerate`` samples with a fresh random seed, skips the cache read, and writes
   nothing, so the cached default answer is never replaced.
+* An answer is stored under the mode that served it (``engine.tiers``). A lookup tries the
+  modes the request accepts, best first: a cached best answer serves any request, a cached
+  good or fast one never answers ``quality: "best"`` (``LOOKUP``).
 Identical concurrent misses are merged by the engine's coalescing, not here.
 
 Deadlines count from the request's arrival (``arrival_s``, ``time.perf_counter()`` when the
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,10 +30,15 @@ from chunlian.cache import ResultCache, cache_key
 from chunlian.config import EngineSettings
 from chunlian.engine.client import EngineClient
 from chunlian.errors import Cancelled, DeadlineExceeded
-from chunlian.types import CoupletRequest, CoupletResult
+from chunlian.types import CoupletRequest, CoupletResult, Quality, Served
 
 # a request's deadline when it sets none: CHUNLIAN_DEFAULT_TIMEOUT_MS's default, unless given
 DEFAULT_TIMEOUT_S = EngineSettings.defaults().default_timeout_ms / 1000.0
+# the cached answers a request of each quality accepts, in the order they are looked up
+LOOKUP: dict[Quality, tuple[Served, ...]] = {
+    "best": ("best",), "auto": ("best", "good", "fast"), "fast": ("best", "good", "fast"),
+}
+AnswerHook = Callable[[Served, bool], None]  # (served, cached): metrics
 
 
 @dataclass(frozen=True)
@@ -44,17 +53,28 @@ class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
     def __init__(self, engine: EngineClient, cache: ResultCache, default_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 rules_tag: str = "") -> None:
+                 rules_tag: str = "", on_answer: AnswerHook | None = None) -> None:
         self.engine = engine
+        self.on_answer = on_answer
         self.cache = cache
         self.default_timeout_s = default_timeout_s
         # decoding rules beyond the model's (``Settings.rules_tag``: the zodiac year): an
         # answer cached under one year's rules is no answer under another's
         self.rules_tag = rules_tag
 
-    def _key(self, req: CoupletRequest) -> str:
+    def _key(self, req: CoupletRequest, served: Served) -> str:
         tag = self.engine.model_tag
-        return cache_key(f"{tag}#{self.rules_tag}" if self.rules_tag else tag, req)
+        return cache_key(f"{tag}#{self.rules_tag}" if self.rules_tag else tag, req, served)
+
+    def _served_keys(self, req: CoupletRequest) -> tuple[Served, ...]:
+        """The modes whose cached answers ``req`` accepts (a sampled one: its own, fast)."""
+        return LOOKUP[req.quality] if req.searchable else ("fast",)
+
+    def count(self, answer: Answer) -> Answer:
+        """Report ``answer`` to the metrics hook; returns it."""
+        if self.on_answer is not None:
+            self.on_answer(answer.result.served, answer.cached)
+        return answer
 
     @property
     def model_tag(self) -> str:
@@ -63,7 +83,7 @@ class CoupletService:
 
     async def cached(self, req: CoupletRequest) -> Answer | None:
         """The cached answer for ``req``, or None (fast path: no engine involved)."""
-        hit = await self.cache.get(self._key(req))
+        hit = await self.cache.get_first([self._key(req, served) for served in self._served_keys(req)])
         return None if hit is None else Answer(hit, True)
 
     async def generate(
@@ -108,7 +128,7 @@ class CoupletService:
             fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
             return await self.engine.generate(fresh)
         result = await self.engine.generate(req)
-        await self.cache.put(self._key(req), result)
+        await self.cache.put(self._key(req, result.served), result)
         return result
 
     async def answer(

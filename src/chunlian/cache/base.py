@@ -8,6 +8,7 @@ never blocks a request for long: every backend bounds its own latency.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 
@@ -27,6 +28,12 @@ class CacheStore(Protocol):
     async def get(self, key: str) -> str | None:
         """The value stored under ``key``, or None when absent or expired.
 
+        Raises ``CacheUnavailable`` when the backend cannot answer.
+        """
+        ...
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The value stored under each of ``keys`` (None where absent), in one round trip.
         Raises ``CacheUnavailable`` when the backend cannot answer.
         """
         ...

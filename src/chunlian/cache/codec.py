@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chunlian.types import Couplet, CoupletResult
+from chunlian.types import Couplet, CoupletResult, Served
+
+_SERVED: tuple[Served, ...] = ("best", "good", "fast")
 
 
 def _couplet(d: dict[str, Any]) -> Couplet:
@@ -23,7 +25,7 @@ def encode_result(result: CoupletResult) -> str:
     """Serialise a result for a cache store."""
     return json.dumps(
         {"best": _plain(result.best), "candidates": [_plain(c) for c in result.candidates],
-         "model": result.model},
+         "model": result.model, "served": result.served},
         ensure_ascii=False, separators=(",", ":"),
     )
 
@@ -36,6 +38,14 @@ def decode_result(text: str) -> CoupletResult:
             best=_couplet(d["best"]),
             candidates=tuple(_couplet(c) for c in d.get("candidates", ())),
             model=str(d.get("model", "")),
+            served=_served(d.get("served", "fast")),
         )
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
         raise ValueError(f"malformed cache entry: {e}") from e
+
+
+def _served(value: object) -> Served:
+    for s in _SERVED:
+        if value == s:
+            return s
+    raise ValueError(f"unknown served mode {value!r}")

@@ -1,7 +1,9 @@
 """Cache keys: ``chunlian:v1:`` + SHA-256 of everything that determines an answer.
 
 Hashed material: the model tag (name and version: ``LoadedModel.tag``), the normalised 上联 / heads / keyword,
-the length, the style, the decoding parameters and the seed. Greedy requests hash their
+the length, the style, the decoding parameters and the seed, and the mode that served the
+answer (``engine.tiers``; a fast answer's key leaves it out). The request's ``quality`` is
+not hashed: it decides which keys a lookup tries (``api.service``). Greedy requests hash their
 decoding as just ``greedy`` (temperature and top-k/p do not affect a greedy answer), so
 equivalent requests share one entry. No user text appears in a key name.
 """
@@ -12,7 +14,7 @@ import hashlib
 import json
 from functools import lru_cache
 
-from chunlian.types import CoupletRequest, DecodeParams, RequestIdentity
+from chunlian.types import CoupletRequest, DecodeParams, RequestIdentity, Served
 
 KEY_PREFIX = "chunlian:v1:"
 
@@ -27,19 +29,21 @@ def _decoding(params: DecodeParams) -> dict[str, object]:
     return d
 
 
-def cache_key(model_tag: str, req: CoupletRequest) -> str:
-    """The cache key of ``req`` answered by the model ``model_tag``."""
-    return _key(model_tag, req.identity())
+def cache_key(model_tag: str, req: CoupletRequest, served: Served = "fast") -> str:
+    """The cache key of ``req``'s answer written by ``served`` with the model ``model_tag``."""
+    return _key(model_tag, req.identity(), served)
 
 
 @lru_cache(maxsize=4096)  # a miss asks twice (lookup, then store), a hot line very often
-def _key(model_tag: str, identity: RequestIdentity) -> str:
-    upper, heads, keyword, length, style, params = identity
-    material = {
+def _key(model_tag: str, identity: RequestIdentity, served: Served) -> str:
+    upper, heads, keyword, length, style, params, _quality = identity
+    material: dict[str, object] = {
         "model": model_tag,
         "upper": upper, "heads": heads, "keyword": keyword, "length": length,
         "style": style,
         "decoding": _decoding(params),
     }
+    if served != "fast":
+        material["served"] = served
     blob = json.dumps(material, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return KEY_PREFIX + hashlib.sha256(blob.encode("utf-8")).hexdigest()

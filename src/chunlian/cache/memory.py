@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 
 class MemoryStore:
@@ -41,6 +41,10 @@ class MemoryStore:
             return None
         self._data.move_to_end(key)
         return value
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The live value under each of ``keys`` (``get``'s)."""
+        return [await self.get(k) for k in keys]
 
     async def set(self, key: str, value: str, ttl_s: int) -> None:
         """Keep ``value`` for ``ttl_s`` seconds, evicting the least recently used entries."""

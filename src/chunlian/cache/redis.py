@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import ConnectionPool, Redis
@@ -85,6 +85,11 @@ class RedisStore:
         """The value under ``key``; ``CacheUnavailable`` while Redis is down."""
         value = await self._call(lambda: self._client.get(key))
         return value if isinstance(value, str) else None
+
+    async def get_many(self, keys: Sequence[str]) -> list[str | None]:
+        """The values under ``keys`` in one ``MGET``; ``CacheUnavailable`` while Redis is down."""
+        values = await self._call(lambda: self._client.mget(list(keys)))
+        return [v if isinstance(v, str) else None for v in values]
 
     async def set(self, key: str, value: str, ttl_s: int) -> None:
         """``SET key value EX ttl_s``; ``CacheUnavailable`` while Redis is down."""

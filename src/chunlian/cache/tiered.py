@@ -37,15 +37,22 @@ class ResultCache:
 
     async def get(self, key: str) -> CoupletResult | None:
         """The cached result for ``key`` from the nearest store that has it, else None."""
+        return await self.get_first((key,))
+
+    async def get_first(self, keys: Sequence[str]) -> CoupletResult | None:
+        """The cached result under the first of ``keys`` that the nearest store holding any
+        of them has, else None: one lookup (one round trip) per store consulted."""
         for i, store in enumerate(self.stores):
             try:
-                text = await store.get(key)
+                texts = await store.get_many(keys) if len(keys) > 1 else [await store.get(keys[0])]
             except CacheUnavailable:
                 self._report(store, "error")
                 continue
-            if text is None:
+            found = next(((k, t) for k, t in zip(keys, texts, strict=True) if t is not None), None)
+            if found is None:
                 self._report(store, "miss")
                 continue
+            key, text = found
             try:
                 result = decode_result(text)
             except ValueError as e:

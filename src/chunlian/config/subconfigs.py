@@ -111,6 +111,16 @@ class EngineSettings(SubConfig):
     # changes (newcomers join at once while rows are free)
     max_batch_size: int = Field(128, ge=1, le=1024)
     """Sequences decoded together (KV-cache rows), shared out among engine replicas."""
+    # a best search holds 32 rows (engine.tiers): 64 let two run beside the greedy rows; each
+    # replica gets this many (a search cannot be split across replicas)
+    beam_rows: int = Field(64, ge=0, le=1024)
+    """Rows of each engine (replica) for the quality modes' searches, beside `max_batch_size`; a best answer holds 32. 0: no quality modes (every request is served fast)."""
+    search_model_path: Path | None = None
+    """Weights the quality modes search with (trained with reversed pairs too, `chunlian train --augment-reverse`); unset: the shipped ones."""
+    # auto serves best while the measured queue wait is at most this share of the request's
+    # timeout (200 ms of the default 10 s), good up to twice that, fast beyond
+    step_down_wait_share: float = Field(0.02, ge=0.0, le=1.0)
+    """`quality: auto` serves best while interactive requests wait at most this share of their timeout for a batch row, a narrower search up to twice that, greedy beyond."""
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
     """How long an idle engine waits for companions before it starts a batch."""
     max_queue_size: int = Field(1024, ge=1, le=1_000_000)

@@ -43,6 +43,9 @@ class EngineConfig:
     replicas: int = 1  # engines behind one dispatcher, each in its own process when > 1
     replica_threads: int = 0  # intra-op threads of each of those replicas; 0: torch's own setting
     model_path: Path | None = KNOBS.model_path  # None: the shipped weights
+    beam_rows: int = KNOBS.beam_rows  # each engine's rows for the quality modes' searches; 0: none
+    search_model_path: Path | None = KNOBS.search_model_path  # None: the shipped reverse-trained weights
+    step_down_wait_share: float = KNOBS.step_down_wait_share  # when auto steps down (engine.tiers)
     # the bans on generated text; None: the safety blocklist alone (``ModelRunner``'s default)
     blocklist: Blocklist | None = field(default=None, compare=False, repr=False)
 
@@ -53,7 +56,8 @@ class EngineConfig:
             max_wait_ms=self.max_wait_ms, default_timeout_ms=self.default_timeout_ms,
             batching=self.batching, coalesce=self.coalesce, bulk_min_share=self.bulk_min_share,
             min_prefill_seqs=self.min_prefill_seqs, engine_nice=self.engine_nice,
-            engine_replicas=self.replicas,
+            engine_replicas=self.replicas, beam_rows=self.beam_rows,
+            step_down_wait_share=self.step_down_wait_share,
         )
         for threads in (self.torch_threads, self.replica_threads):
             EngineSettings.check(torch_threads=threads)
@@ -85,5 +89,6 @@ class EngineConfig:
             engine_nice=settings.engine_nice, device=settings.resolved_device(),
             torch_threads=settings.resolved_torch_threads(), replicas=replicas,
             replica_threads=settings.resolved_replica_threads(replicas), model_path=settings.model_path,
-            blocklist=settings.generation_blocklist(),
+            beam_rows=settings.beam_rows, search_model_path=settings.search_model_path,
+            step_down_wait_share=settings.step_down_wait_share, blocklist=settings.generation_blocklist(),
         )

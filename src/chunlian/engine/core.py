@@ -5,6 +5,12 @@ optional channel and forward rescoring) are request kinds of one continuous batc
 KV cache: a beam's rows decode in the same forward pass as other requests' rows, and the
 rescoring of beams that finished is batched forward work the core runs in the same step.
 
+With a search runner (``from_config`` loads one when ``EngineConfig.beam_rows`` > 0), the
+core serves the quality modes (``engine.tiers``): best and good searches run on the
+reverse-trained weights' runner, in a row pool of their own, stepped together with the main
+runner's rows; their lines are reranked by the search weights' channel score and the served
+weights' forward score. ``auto`` requests get their mode when the scheduler admits them.
+
 The core has no thread, no event loop and no clock of its own beyond ``time.monotonic``:
 
     add_request(CoreRequest)   queue a request (raises Overloaded or InvalidInput at once)
@@ -25,7 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from chunlian.engine.config import EngineConfig
@@ -33,8 +39,15 @@ from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand
 from chunlian.engine.rerank import HengpiChooser, build_result
 from chunlian.engine.rescore import BeamJob, Rescorer
-from chunlian.engine.scheduler import QueueFull, SchedRequest, Scheduler, SchedulerConfig
+from chunlian.engine.scheduler import (
+    QueueFull,
+    SchedRequest,
+    Scheduler,
+    SchedulerConfig,
+    Unreachable,
+)
 from chunlian.engine.stats import EngineStats, StepReport
+from chunlian.engine.tiers import SEARCH_OF, StepDown, fixed_tier, served_of
 from chunlian.errors import (
     Cancelled,
     ChunlianError,
@@ -43,7 +56,7 @@ from chunlian.errors import (
     ModelError,
     Overloaded,
 )
-from chunlian.types import CoupletRequest, CoupletResult
+from chunlian.types import BeamParams, CoupletRequest, CoupletResult, Served
 
 __all__ = ["CoreOutput", "CoreRequest", "EngineCore", "Runner"]
 
@@ -58,6 +71,8 @@ class Runner(Protocol):
     capacity: int
     tokens_emitted: int
     padded_batches: bool  # set for static batching: one padded rectangle per batch
+    @property
+    def n_live(self) -> int: ...  # rows live
 
     # decode the live rows and admit ``specs`` (either may be empty): one iteration
     def step(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
@@ -90,9 +105,15 @@ class CoreOutput:
 @dataclass
 class _Work:
     req: CoreRequest
-    specs: list[SeqSpec]
+    specs: list[SeqSpec]  # empty until admitted for an ``auto`` request (its mode decides)
+    tier: Served | None = None  # the mode that answers it, once known
     outputs: list[SeqOutput] = field(default_factory=list)
     aborted: bool = False
+
+    @property
+    def beam(self) -> BeamParams | None:
+        """The search it runs, if any."""
+        return self.specs[0].beam if self.specs else None
 
 
 class EngineCore:
@@ -101,12 +122,18 @@ class EngineCore:
     def __init__(
         self, config: EngineConfig, runner: Runner, hengpi: HengpiChooser | None = None,
         model_tag: str = "chunlian-couplet@dev", rescorer: Rescorer | None = None,
+        search_runner: Runner | None = None,
     ) -> None:
         if config.max_batch_size > runner.capacity:
             raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {config.max_batch_size}")
+        if search_runner is not None and (rescorer is None or search_runner.capacity < config.beam_rows):
+            raise ValueError("a search runner needs a rescorer and beam_rows of capacity")
         self.config = config
         self.runner = runner
-        runner.padded_batches = config.batching == "static"
+        self.search_runner = search_runner
+        self.runners = (runner,) if search_runner is None else (runner, search_runner)
+        for r in self.runners:
+            r.padded_batches = config.batching == "static"
         self.hengpi = hengpi
         self.model_tag = model_tag
         self.rescorer = rescorer
@@ -114,6 +141,8 @@ class EngineCore:
             max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
             max_queue_size=config.max_queue_size, batching=config.batching,
             bulk_min_share=config.bulk_min_share, min_prefill_seqs=config.min_prefill_seqs,
+            beam_rows=config.beam_rows if search_runner is not None else 0,
+            step_down=StepDown(config.step_down_wait_share),
         ))
         self.stats = EngineStats(max_queue_size=config.max_queue_size)
         self.idle_wait_s: float | None = None  # after a step with nothing to run: how long to wait
@@ -130,7 +159,7 @@ class EngineCore:
         single-threaded on the calling thread until the stepping thread calls
         ``runner.bind_thread()`` (``ModelRunner.bind_thread`` says why)."""
         from chunlian.engine.runner import ModelRunner, single_threaded_here
-        from chunlian.model.checkpoint import load_weights
+        from chunlian.model.checkpoint import QUALITY_WEIGHTS, load_weights
         from chunlian.model.hengpi import HengpiSelector
 
         single_threaded_here()
@@ -138,7 +167,19 @@ class EngineCore:
         log.info("loaded %s on %s", loaded.tag, config.device)
         runner = ModelRunner(loaded, capacity=config.max_batch_size, device=config.device,
                              threads=config.torch_threads, blocklist=config.blocklist)
-        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag)
+        search, rescorer = None, None
+        if config.beam_rows > 0:  # the quality modes: the search weights, reranked by both
+            searching = load_weights(config.search_model_path or QUALITY_WEIGHTS, config.device)
+            log.info("loaded %s on %s for the quality modes", searching.tag, config.device)
+            search = ModelRunner(searching, capacity=config.beam_rows, device=config.device,
+                                 threads=config.torch_threads, blocklist=config.blocklist)
+            rescorer = Rescorer(searching, (loaded,))
+        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag, rescorer, search)
+
+    def bind_thread(self) -> None:
+        """Called on the stepping thread before its first step (``ModelRunner.bind_thread``)."""
+        for r in self.runners:
+            r.bind_thread()
 
     # ---- inputs -----------------------------------------------------------------------------
     def add_request(self, creq: CoreRequest) -> None:
@@ -152,22 +193,52 @@ class EngineCore:
             raise InvalidInput("this engine has no weights to rescore beams with", "beam")
         if creq.req_id in self._work:
             raise ValueError(f"request id {creq.req_id} is already live")
+        tier = self._tier(req)
+        specs = self._expand(req, tier) if tier is not None else []
+        now = time.monotonic()
+        try:
+            self.scheduler.add(SchedRequest(creq.req_id, req.priority, rows, now, creq.deadline_s, tier=tier))
+        except QueueFull:
+            self.stats.rejected += 1
+            raise Overloaded(f"queue full ({self.config.max_queue_size} waiting)", 1.0) from None
+        except Unreachable as e:
+            self.stats.rejected += 1
+            raise Overloaded(f"the best mode cannot answer within the deadline ({e})",
+                             max(1.0, e.wait_s)) from None
+        self._work[creq.req_id] = w = _Work(creq, [])
+        self._assign(w, specs, tier)
+        self.stats.queue_depth = self.scheduler.queue_depth
+
+    def _tier(self, req: CoupletRequest) -> Served | None:
+        """The mode that answers ``req`` whatever the load (None: the scheduler chooses). A
+        request with a search of its own (CLI, sweeps) runs it as it is; with a search pool,
+        only the presets' searches are served, from that pool."""
+        if req.params.beam is None:
+            return fixed_tier(req, self.search_runner is not None)
+        tier = served_of(req, None)
+        if self.search_runner is None:
+            return "fast"  # searches share the one runner's rows: its own rows (``params.rows``)
+        if tier == "fast":
+            raise InvalidInput("this engine searches only with its quality presets; use quality", "beam")
+        return tier
+
+    def _expand(self, req: CoupletRequest, tier: Served) -> list[SeqSpec]:
+        """``req``'s sequences as ``tier`` writes them (``request.expand``)."""
+        search = SEARCH_OF.get(tier)
+        if search is not None and req.params.beam is None:
+            req = replace(req, params=replace(req.params, beam=search))
         try:
             specs = expand(req, next(self._seq_ids))
         except ValueError as e:
             raise InvalidInput(str(e), "beam") from None
         for _ in range(len(specs) - 1):
             next(self._seq_ids)
-        now = time.monotonic()
-        try:
-            self.scheduler.add(SchedRequest(creq.req_id, req.priority, rows, now, creq.deadline_s))
-        except QueueFull:
-            self.stats.rejected += 1
-            raise Overloaded(f"queue full ({self.config.max_queue_size} waiting)", 1.0) from None
-        self._work[creq.req_id] = _Work(creq, specs)
+        return specs
+
+    def _assign(self, w: _Work, specs: list[SeqSpec], tier: Served | None) -> None:
+        w.specs, w.tier = specs, tier
         for s in specs:
-            self._seq_owner[s.seq_id] = creq.req_id
-        self.stats.queue_depth = self.scheduler.queue_depth
+            self._seq_owner[s.seq_id] = w.req.req_id
 
     def abort(self, req_ids: Iterable[int]) -> None:
         """Cancel requests: each ends with ``Cancelled`` at the next step (unknown or ended
@@ -205,6 +276,9 @@ class EngineCore:
         self._release(plan.release)
         self.stats.running = self.scheduler.live_seqs
         self.idle_wait_s = None
+        for rid, tier in plan.tiers.items():  # auto requests admitted now: their mode decides
+            w = self._work[rid]
+            self._assign(w, self._expand(w.req.request, tier), tier)
         if plan.has_work:
             self._step([self._work[i] for i in plan.prefill if i in self._work], plan.decode)
         elif not (plan.expired or plan.cancelled or plan.release):
@@ -217,7 +291,8 @@ class EngineCore:
         work = list(self._work.values())
         self.scheduler.reset()
         try:
-            self.runner.release([s.seq_id for w in work for s in w.specs])
+            for r in self.runners:
+                r.release([s.seq_id for w in work for s in w.specs])
         except Exception:  # the futures complete even when the runner is broken
             log.exception("could not free the rows")
         for w in work:
@@ -227,18 +302,18 @@ class EngineCore:
 
     def _step(self, admitted: list[_Work], decode: bool) -> None:
         t0 = time.perf_counter()
-        tokens0 = self.runner.tokens_emitted
-        batch = self.scheduler.live_seqs
+        tokens0 = self._tokens()
+        batch = self.scheduler.live_seqs + self.scheduler.live_search_rows
         try:
             specs = [s for w in admitted for s in w.specs]
-            finished = self.runner.step(specs) if specs or decode else []
+            finished = self._run(specs, decode)
             self.stats.prefill_total += len(admitted)
         except Exception as e:  # a failed step fails the requests in it, not the core
             log.exception("model step failed")
             reason = f"generation failed: {type(e).__name__}"
             self._release(list(self.scheduler.running), lambda: ModelError(reason))
             return
-        tokens = self.runner.tokens_emitted - tokens0
+        tokens = self._tokens() - tokens0
         self.stats.steps_total += 1
         self.stats.tokens_total += tokens
         report = StepReport(batch, time.perf_counter() - t0, tokens)
@@ -250,25 +325,42 @@ class EngineCore:
         self._collect(finished)
         self.stats.running = self.scheduler.live_seqs
 
+    def _tokens(self) -> int:
+        return sum(r.tokens_emitted for r in self.runners)
+
+    def _run(self, specs: list[SeqSpec], decode: bool) -> list[SeqOutput]:
+        """One step of each runner with live rows or new ones: searches on the search
+        runner (when there is one), the rest on the main runner."""
+        if self.search_runner is None:
+            return self.runner.step(specs) if specs or decode else []
+        searches = [s for s in specs if s.beam is not None]
+        plain = [s for s in specs if s.beam is None]
+        out: list[SeqOutput] = []
+        for runner, new in ((self.runner, plain), (self.search_runner, searches)):
+            if new or runner.n_live:
+                out += runner.step(new)
+        return out
+
     def _collect(self, finished: list[SeqOutput]) -> None:
         done: list[_Work] = []
+        now = time.monotonic()
         for out in finished:
             rid = self._seq_owner.pop(out.seq_id, None)
             w = self._work.get(rid) if rid is not None else None
             if w is None:
                 continue
             w.outputs.append(out)
-            rows = w.req.request.params.rows if out.beams else 1
-            if self.scheduler.on_seqs_finished(rid, rows):  # type: ignore[arg-type]
+            rows = w.specs[0].rows if out.beams else 1
+            if self.scheduler.on_seqs_finished(rid, rows, now):  # type: ignore[arg-type]
                 done.append(w)
-        beams = [w for w in done if w.req.request.params.beam is not None]
+        beams = [w for w in done if w.beam is not None]
         ranked = self._rerank(beams) if beams else {}
         for w in done:
             self._finish(w, ranked.get(w.req.req_id))
 
     def _rerank(self, beams: list[_Work]) -> dict[int, list[SeqOutput]]:
         """The reranked lines of finished beams (one batched pass per rescoring model)."""
-        todo = [w for w in beams if w.req.request.params.beam.reranked]  # type: ignore[union-attr]
+        todo = [w for w in beams if w.beam is not None and w.beam.reranked]
         if not todo or self.rescorer is None:
             return {}
         try:
@@ -283,9 +375,9 @@ class EngineCore:
 
     @staticmethod
     def _beam_job(w: _Work) -> BeamJob:
-        out, req = w.outputs[0], w.req.request  # ``out.upper`` is the searched (model) form
-        assert req.params.beam is not None
-        return BeamJob(out.upper, req.style, req.params.beam, out.beams)
+        out = w.outputs[0]  # ``out.upper`` is the searched (model) form
+        assert w.beam is not None
+        return BeamJob(out.upper, w.req.request.style, w.beam, out.beams)
 
     def _finish(self, w: _Work, ranked: list[SeqOutput] | None) -> None:
         """Build the request's result: a beam's best ``n`` lines in their ranked order."""
@@ -293,13 +385,15 @@ class EngineCore:
             return
         req = w.req.request
         outputs = w.outputs
-        if req.params.beam is not None:
+        searched = w.beam is not None
+        if searched:
             out = outputs[0]
             outputs = ranked if ranked is not None else [
                 SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in out.beams]
-            outputs = outputs[: req.params.n]
+            outputs = _distinct(outputs)[: req.params.n]
         try:
-            result = build_result(req, outputs, self.hengpi, self.model_tag, ranked=req.params.beam is not None)
+            result = replace(build_result(req, outputs, self.hengpi, self.model_tag, ranked=searched),
+                             served=served_of(req, w.tier))
         except ChunlianError as e:
             self._end(w, error=e)
         except Exception as e:  # an error in one request ends only that request
@@ -307,7 +401,7 @@ class EngineCore:
             self._end(w, error=ModelError(f"post-processing failed: {type(e).__name__}"))
         else:
             self._done.add(time.monotonic())
-            self._end(w, result=result, beams=w.outputs[0].beams if req.params.beam is not None else ())
+            self._end(w, result=result, beams=w.outputs[0].beams if searched else ())
 
     def _drop(self, req_ids: list[int], error: Callable[[], ChunlianError]) -> None:
         """End queued requests that never ran."""
@@ -323,7 +417,8 @@ class EngineCore:
             w = self._work.get(rid)
             if w is None:
                 continue
-            self.runner.release([s.seq_id for s in w.specs])
+            for r in self.runners:
+                r.release([s.seq_id for s in w.specs])
             if error is not None:
                 err = error()
             elif w.aborted:
@@ -347,3 +442,9 @@ class EngineCore:
             if isinstance(error, DeadlineExceeded):
                 self.stats.deadline_drops += 1
         self._out.append(CoreOutput(w.req.req_id, result, error, beams))
+
+
+def _distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
+    """``outputs`` without repeated lines, first kept (a search's dead slots repeat its best)."""
+    seen: set[str] = set()
+    return [o for o in outputs if not (o.lower in seen or seen.add(o.lower))]  # type: ignore[func-returns-value]

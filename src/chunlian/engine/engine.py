@@ -179,7 +179,7 @@ class Engine:
     def _run(self) -> None:
         try:
             lower_thread_priority(self.config.engine_nice)
-            self.runner.bind_thread()
+            self.core.bind_thread()
             wait_s: float | None = 0.0
             while True:
                 with self._cv:

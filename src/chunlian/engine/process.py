@@ -226,5 +226,5 @@ def child_main(config: EngineConfig, conn: Connection) -> None:
     except Exception as e:  # noqa: BLE001 - reported to the parent, which stays not ready
         conn.send(Failed(f"{type(e).__name__}: {e}"))
         return
-    core.runner.bind_thread()
+    core.bind_thread()
     CoreLoop(core, conn).run()

@@ -25,6 +25,14 @@ Admission rules
     answers even when slots are free. With no interactive work, bulk fills every slot. This
     is the one place the bulk share is enforced: job runners send bulk work at ``bulk``
     priority and leave the pacing to the scheduler.
+  * Searches (``engine.tiers``: the best and good modes): with ``beam_rows`` > 0 their rows
+    are a pool of their own (the reverse-trained weights' runner), so a search waiting for
+    rows never holds up greedy requests behind it, nor they it. Bulk searches keep to the
+    bulk share of that pool (at least one search) while interactive work runs or waits.
+  * Quality ``auto``: its mode is chosen when it is admitted (``StepDown.choose``), from the
+    measured queue wait of interactive requests against its deadline and the free search
+    rows. A ``best`` request whose deadline the measured service times say cannot be met
+    is refused at once (``Unreachable``).
 """
 
 from __future__ import annotations
@@ -34,9 +42,11 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from chunlian.config import EngineSettings
-from chunlian.types import BatchingMode, Priority
+from chunlian.engine.tiers import SEARCH_OF, StepDown
+from chunlian.types import BatchingMode, Priority, Served
 
 KNOBS = EngineSettings.defaults()  # the engine knobs' defaults
+EWMA_WEIGHT = 0.2  # weight of the newest sample in the measured waits and service times
 
 
 @dataclass
@@ -50,6 +60,13 @@ class SchedRequest:
     deadline_s: float
     cancelled: bool = False
     remaining: int = 0  # sequences not yet finished, once admitted
+    tier: Served | None = "fast"  # the mode that answers it; None: chosen at admission (auto)
+    admitted_s: float = 0.0
+
+    def rows_as(self, tier: Served) -> int:
+        """Rows it holds when ``tier`` answers it."""
+        params = SEARCH_OF.get(tier)
+        return params.width if params is not None else self.n_seqs
 
 
 @dataclass
@@ -61,6 +78,7 @@ class StepPlan:
     expired: list[int] = field(default_factory=list)  # waiting, deadline passed: fail, never run
     cancelled: list[int] = field(default_factory=list)  # waiting, cancelled: fail, never run
     release: list[int] = field(default_factory=list)  # running, cancelled or past deadline
+    tiers: dict[int, Served] = field(default_factory=dict)  # modes chosen for admitted auto requests
     idle_wait_s: float | None = None
 
     @property
@@ -78,6 +96,8 @@ class SchedulerConfig:
     batching: BatchingMode = KNOBS.batching
     bulk_min_share: float = KNOBS.bulk_min_share
     min_prefill_seqs: int = KNOBS.min_prefill_seqs  # 0 = auto: max(1, max_batch_size // 8)
+    beam_rows: int = KNOBS.beam_rows  # rows of the searches' own pool (the core passes 0 without one)
+    step_down: StepDown = field(default_factory=StepDown)
 
     @property
     def prefill_group(self) -> int:
@@ -85,6 +105,8 @@ class SchedulerConfig:
         return min(self.max_batch_size, self.min_prefill_seqs or auto)
 
     def __post_init__(self) -> None:
+        if self.beam_rows < 0:
+            raise ValueError(f"beam_rows must be >= 0, got {self.beam_rows}")
         EngineSettings.check(
             max_batch_size=self.max_batch_size, max_wait_ms=self.max_wait_ms,
             max_queue_size=self.max_queue_size, batching=self.batching,
@@ -103,15 +125,29 @@ class QueueFull(Exception):
     """Raised by ``add`` when the waiting queue holds ``max_queue_size`` requests."""
 
 
+class Unreachable(Exception):
+    """Raised by ``add`` for a search that, on the measured service times, cannot end
+    before its deadline; ``wait_s``: when it could start, as estimated."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"a search could start in about {wait_s:.1f} s")
+        self.wait_s = wait_s
+
+
 class Scheduler:
-    """Decides admission, batching and dropping; see the module docstring for the rules."""
+    """Decides admission, batching, modes and dropping; the module docstring has the rules."""
 
     def __init__(self, cfg: SchedulerConfig) -> None:
         self.cfg = cfg
         self.waiting: dict[Priority, deque[SchedRequest]] = {"interactive": deque(), "bulk": deque()}
         self.running: dict[int, SchedRequest] = {}
-        self.live_seqs = 0
+        self.live_seqs = 0  # rows held in the main pool (every row, without a search pool)
         self.live_bulk_seqs = 0
+        self.live_search_rows = 0  # rows held in the search pool
+        self.live_bulk_search_rows = 0
+        # measured: interactive requests' queue wait, and each mode's time from admission to end
+        self.wait_s = 0.0
+        self.service_s: dict[str, float] = {}
         self._by_id: dict[int, SchedRequest] = {}
 
     # ---- inputs --------------------------------------------------------------------------
@@ -120,11 +156,15 @@ class Scheduler:
         return len(self.waiting["interactive"]) + len(self.waiting["bulk"])
 
     def add(self, req: SchedRequest) -> None:
-        """Queue a request; raises ``QueueFull`` past ``max_queue_size``."""
-        if req.n_seqs > self.cfg.max_batch_size:
-            raise ValueError(f"request needs {req.n_seqs} slots, max_batch_size is {self.cfg.max_batch_size}")
+        """Queue a request; raises ``QueueFull`` past ``max_queue_size``, ``Unreachable``
+        for a search whose deadline cannot be met."""
+        rows = req.rows_as(req.tier) if req.tier is not None else req.n_seqs
+        if rows > self._pool_rows(req.tier):
+            raise ValueError(f"request needs {rows} slots, its pool has {self._pool_rows(req.tier)}")
         if self.queue_depth >= self.cfg.max_queue_size:
             raise QueueFull()
+        if req.tier is not None and self._pooled(req.tier):
+            self._check_reachable(req, rows)
         self.waiting[req.priority].append(req)
         self._by_id[req.req_id] = req
 
@@ -134,8 +174,9 @@ class Scheduler:
         if r is not None:
             r.cancelled = True
 
-    def on_seqs_finished(self, req_id: int, count: int) -> bool:
-        """Record finished sequences of a running request; True when the request is done."""
+    def on_seqs_finished(self, req_id: int, count: int, now_s: float | None = None) -> bool:
+        """Record finished sequences of a running request; True when the request is done
+        (``now_s``: when, for the measured service time of its mode)."""
         r = self.running.get(req_id)
         if r is None:
             return False
@@ -144,6 +185,10 @@ class Scheduler:
         if r.remaining <= 0:
             del self.running[req_id]
             self._by_id.pop(req_id, None)
+            if now_s is not None and r.tier is not None:
+                old = self.service_s.get(r.tier)
+                took = now_s - r.admitted_s
+                self.service_s[r.tier] = took if old is None else old + EWMA_WEIGHT * (took - old)
             return True
         return False
 
@@ -161,12 +206,42 @@ class Scheduler:
             q.clear()
         self.running.clear()
         self._by_id.clear()
-        self.live_seqs = self.live_bulk_seqs = 0
+        self.live_seqs = self.live_bulk_seqs = self.live_search_rows = self.live_bulk_search_rows = 0
+
+    def tier_of(self, req_id: int) -> Served | None:
+        r = self._by_id.get(req_id)
+        return r.tier if r is not None else None
+
+    def _pooled(self, tier: Served) -> bool:
+        """Whether ``tier``'s rows come from the search pool."""
+        return self.cfg.beam_rows > 0 and tier in SEARCH_OF
+
+    def _pool_rows(self, tier: Served | None) -> int:
+        return self.cfg.beam_rows if tier is not None and self._pooled(tier) else self.cfg.max_batch_size
 
     def _free(self, r: SchedRequest, count: int) -> None:
+        if r.tier is not None and self._pooled(r.tier):
+            self.live_search_rows -= count
+            if r.priority == "bulk":
+                self.live_bulk_search_rows -= count
+            return
         self.live_seqs -= count
         if r.priority == "bulk":
             self.live_bulk_seqs -= count
+
+    def _check_reachable(self, req: SchedRequest, rows: int) -> None:
+        """Raise ``Unreachable`` when, at the measured service time of its mode, the search
+        rows ahead of ``req`` (running and waiting) leave it no time before its deadline."""
+        assert req.tier is not None
+        took = self.service_s.get(req.tier)
+        if took is None or not math.isfinite(req.deadline_s):
+            return
+        ahead = self.live_search_rows + sum(
+            r.rows_as(r.tier) for q in self.waiting.values() for r in q
+            if r.tier is not None and self._pooled(r.tier))
+        start_s = took * (ahead // self.cfg.beam_rows)  # whole searches ahead, each ``took``
+        if req.arrival_s + start_s + took > req.deadline_s:
+            raise Unreachable(start_s)
 
     # ---- the plan --------------------------------------------------------------------------
     def plan(self, now_s: float) -> StepPlan:
@@ -189,7 +264,8 @@ class Scheduler:
                 plan.release.append(r.req_id)
                 self.fail_running(r.req_id)
         self._admit(plan, now_s)
-        plan.decode = self.live_seqs > len_of(plan.prefill, self._by_id)
+        admitted = sum(self._by_id[i].remaining for i in plan.prefill if i in self._by_id)
+        plan.decode = self.live_seqs + self.live_search_rows > admitted
         if not plan.has_work and self.queue_depth:
             first = min(q[0].arrival_s for q in self.waiting.values() if q)
             plan.idle_wait_s = max(0.0, first + self.cfg.max_wait_ms / 1000.0 - now_s)
@@ -197,26 +273,26 @@ class Scheduler:
 
     def _admit(self, plan: StepPlan, now_s: float) -> None:
         cap = self.cfg.max_batch_size
-        if self.cfg.batching == "static" and self.live_seqs > 0:
+        if self.cfg.batching == "static" and self.live_seqs + self.live_search_rows > 0:
             return
         if not self.queue_depth:
             return
-        if self.live_seqs == 0:
+        main_ok = True
+        if self.live_seqs + self.live_search_rows == 0:
             first = min(q[0].arrival_s for q in self.waiting.values() if q)
             if self._waiting_seqs(cap) < cap and now_s < first + self.cfg.max_wait_ms / 1000.0:
                 return  # idle: give the first request up to max_wait_ms to gather companions
-        else:
-            group = self.cfg.prefill_group
-            if cap - self.live_seqs < self._waiting_seqs(group):
-                return  # running: let newcomers join in groups (prefill grouping, docstring)
+        elif self.live_seqs > 0:
+            # running: let newcomers join in groups (prefill grouping, docstring)
+            main_ok = cap - self.live_seqs >= self._waiting_seqs(self.cfg.prefill_group)
         bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
         share = bulk_rows(cap, self.cfg.bulk_min_share)
         reserve = max(0, share - self.live_bulk_seqs) if bulk_q else 0
-        self._take(inter_q, cap - self.live_seqs - reserve, plan)
+        self._take(inter_q, cap - self.live_seqs - reserve if main_ok else 0, plan, now_s)
         bulk_room = cap - self.live_seqs
         if inter_q or self.live_seqs > self.live_bulk_seqs:  # interactive work: bulk keeps to its share
             bulk_room = min(bulk_room, share - self.live_bulk_seqs)
-        self._take(bulk_q, bulk_room, plan)
+        self._take(bulk_q, bulk_room if main_ok else 0, plan, now_s)
 
     def _waiting_seqs(self, limit: int) -> int:
         """Sequences waiting, counted up to ``limit`` (each step asks; the queue can be long)."""
@@ -228,18 +304,69 @@ class Scheduler:
                     return limit
         return n
 
-    def _take(self, q: deque[SchedRequest], room: int, plan: StepPlan) -> None:
-        while q and q[0].n_seqs <= room:
-            r = q.popleft()
-            r.remaining = r.n_seqs
-            self.running[r.req_id] = r
-            self.live_seqs += r.n_seqs
+    def _search_room(self, priority: Priority) -> int:
+        """Free rows of the search pool for a request of ``priority``: bulk keeps to its
+        share of them (at least one best search) while interactive work runs or waits."""
+        room = self.cfg.beam_rows - self.live_search_rows
+        interactive = (self.waiting["interactive"] or self.live_search_rows > self.live_bulk_search_rows
+                       or self.live_seqs > self.live_bulk_seqs)
+        if priority == "bulk" and interactive:
+            share = max(bulk_rows(self.cfg.beam_rows, self.cfg.bulk_min_share), SEARCH_OF["best"].width)
+            room = min(room, share - self.live_bulk_search_rows)
+        return room
+
+    def _measured_wait_s(self, now_s: float) -> float:
+        """The queue wait of interactive requests for the main rows: the recent admissions'
+        (``wait_s``) and the oldest waiting one's (searches waiting for their pool's rows
+        are not counted: the free search rows say that)."""
+        for r in self.waiting["interactive"]:
+            if r.tier is None or not self._pooled(r.tier):
+                return max(self.wait_s, now_s - r.arrival_s)
+        return self.wait_s
+
+    def _choose(self, r: SchedRequest, room: int, now_s: float, searches: bool = True) -> Served:
+        """The mode of an ``auto`` request admitted now (``StepDown.choose``)."""
+        free = (self._search_room(r.priority) if self.cfg.beam_rows > 0 else room) if searches else 0
+        return self.cfg.step_down.choose(
+            wait_s=self._measured_wait_s(now_s), timeout_s=r.deadline_s - r.arrival_s,
+            left_s=r.deadline_s - now_s, free_rows=free, service_s=self.service_s)
+
+    def _take(self, q: deque[SchedRequest], room: int, plan: StepPlan, now_s: float) -> None:
+        """Admit from ``q`` in order while its head fits: greedy rows from ``room``, searches
+        from the search pool. A search that does not fit waits without holding up the
+        greedy requests behind it (nor the searches behind it: FIFO within a pool)."""
+        skipped: list[SchedRequest] = []
+        while q:
+            r = q[0]
+            # an auto request behind a search that waits for rows is not searched ahead of it
+            tier = r.tier if r.tier is not None else self._choose(r, room, now_s, searches=not skipped)
+            rows = r.rows_as(tier)
+            if self._pooled(tier):
+                if skipped or rows > self._search_room(r.priority):
+                    skipped.append(q.popleft())
+                    continue
+            elif rows > room:
+                break
+            else:
+                room -= rows
+            q.popleft()
+            self._start(r, tier, rows, plan, now_s)
+        q.extendleft(reversed(skipped))
+
+    def _start(self, r: SchedRequest, tier: Served, rows: int, plan: StepPlan, now_s: float) -> None:
+        auto = r.tier is None
+        if auto:
+            plan.tiers[r.req_id] = tier
+        r.tier, r.remaining, r.admitted_s = tier, rows, now_s
+        self.running[r.req_id] = r
+        if r.priority == "interactive" and (auto or not self._pooled(tier)):
+            self.wait_s += EWMA_WEIGHT * (now_s - r.arrival_s - self.wait_s)
+        if self._pooled(tier):
+            self.live_search_rows += rows
             if r.priority == "bulk":
-                self.live_bulk_seqs += r.n_seqs
-            room -= r.n_seqs
-            plan.prefill.append(r.req_id)
-
-
-def len_of(req_ids: list[int], by_id: dict[int, SchedRequest]) -> int:
-    """Sequences belonging to the requests being admitted in this plan."""
-    return sum(by_id[i].n_seqs for i in req_ids if i in by_id)
+                self.live_bulk_search_rows += rows
+        else:
+            self.live_seqs += rows
+            if r.priority == "bulk":
+                self.live_bulk_seqs += rows
+        plan.prefill.append(r.req_id)

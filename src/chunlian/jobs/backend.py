@@ -149,8 +149,6 @@ def build_jobs(settings: Settings, service: Any) -> JobsBackend:
     if settings.broker_url:
         return CeleryJobs(settings)
     from chunlian.jobs.inprocess import InProcessJobs
-    from chunlian.jobs.quality import QualityProcess
 
     return InProcessJobs(service, settings.job_result_ttl_s, window=settings.max_batch_size,
-                         item_timeout_s=settings.job_hard_time_limit_s,
-                         quality=QualityProcess(settings.model_dump()))
+                         item_timeout_s=settings.job_hard_time_limit_s)

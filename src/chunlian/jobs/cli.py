@@ -190,7 +190,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
         submitted: list[tuple[str, int]] = []  # (job id, items) in file order
         for start in range(0, len(items), per_job):
             part = items[start:start + per_job]
-            r = client.post("/v1/jobs", json={"items": part, "quality": args.quality})
+            body = {"items": part, **({"quality": args.quality} if args.quality else {})}
+            r = client.post("/v1/jobs", json=body)
             if r.status_code != 202:
                 for job_id, _ in submitted:  # all or nothing: a file is one piece of work
                     client.delete(f"/v1/jobs/{job_id}")
@@ -328,8 +329,9 @@ def register(sub: Any) -> None:
     s.add_argument("file", help="one 上联 per line, or a TSV whose header names its columns")
     s.add_argument("--style", default=None, help="style for items that do not name one")
     s.add_argument("--wait", action="store_true", help="wait with a progress bar, then write results")
-    s.add_argument("--quality", action="store_true",
-                   help="the offline quality mode for every item (上联 items only; ~5x slower, closer to real couplets)")
+    s.add_argument("--quality", nargs="?", const="best", default=None, choices=("best", "fast", "auto"),
+                   help="the job's quality field: best (the server's default; --quality alone) searches every "
+                        "上联 item with the quality mode, fast decodes greedily")
     s.add_argument("--out", default=None, help="results file (.jsonl, or .csv); default stdout")
     s.add_argument("--poll-s", type=float, default=1.0, help="seconds between status polls (default 1)")
     add_no_progress(s, old_quiet=True)

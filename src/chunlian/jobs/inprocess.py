@@ -11,9 +11,9 @@ Retries: a transient failure (queue full, deadline, a failed model step) is retr
 ``2^n`` s (1, 2; 3 tries in all), a permanent one (bad input) fails the item at once.
 Jobs live in this process: a restart loses them (use a broker for durable jobs).
 
-Quality jobs (``jobs.quality``) do not touch the engine: their items go, a sub-batch at a
-time and in order, to the quality mode's own child process (``QualityProcess``, started at
-the first one), with the same tries and back-off.
+Items marked for the quality mode (``jobs.items.searchable``) ask the engine for
+``quality: "best"``: its searches run in the engine's search rows at bulk priority, beside
+interactive work, under the same bulk share.
 """
 
 from __future__ import annotations
@@ -22,25 +22,15 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from chunlian.errors import ChunlianError, InvalidInput, NotReady, Overloaded
 from chunlian.jobs.items import CANCELLED_ENTRY, Spec, done_entry, failed_entry, request_of
-from chunlian.jobs.quality import QUALITY_SUB_BATCH, is_quality
 from chunlian.jobs.store import JobState, MemoryJobStore
-from chunlian.jobs.worker import MAX_TRIES, outcome_entry
-from chunlian.types import CoupletResult
+from chunlian.jobs.worker import MAX_TRIES
 
 log = logging.getLogger("chunlian.jobs")
-
-
-class QualityRunner(Protocol):
-    """What quality jobs need (``jobs.quality.QualityProcess``; fakes in the tests)."""
-
-    async def run(self, specs: Sequence[Spec]) -> Sequence[CoupletResult | ChunlianError]: ...
-
-    def close(self) -> None: ...
 
 
 class InProcessJobs:
@@ -50,10 +40,8 @@ class InProcessJobs:
     mode = "in-process"
 
     def __init__(self, service: Callable[[], Any], ttl_s: float, window: int = 16,
-                 item_timeout_s: float = 60.0, backoff_s: float = 1.0,
-                 quality: QualityRunner | None = None) -> None:
+                 item_timeout_s: float = 60.0, backoff_s: float = 1.0) -> None:
         self.store = MemoryJobStore(ttl_s)
-        self.quality = quality
         self._service = service
         self._window: asyncio.Semaphore | None = None  # created on the event loop
         self.window = max(1, window)
@@ -99,14 +87,9 @@ class InProcessJobs:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        if self.quality is not None:
-            self.quality.close()
 
     # ---- running a job ----------------------------------------------------------------------
     async def _run(self, job_id: str, specs: list[Spec]) -> None:
-        if specs and is_quality(specs[0]):  # a job is all quality or none (``validate_items``)
-            await self._run_quality(job_id, specs)
-            return
         assert self._window is not None
         window = self._window
         running: set[asyncio.Task[None]] = set()
@@ -138,45 +121,6 @@ class InProcessJobs:
             left = self.store.missing(job_id, range(len(specs)))
             self.store.record(job_id, [(i, failed_entry("internal", "the job runner failed"))
                                        for i in left])
-
-    async def _run_quality(self, job_id: str, specs: list[Spec]) -> None:
-        """The quality mode's sub-batches, in order, each tried up to ``MAX_TRIES`` times."""
-        try:
-            for k in range(0, len(specs), QUALITY_SUB_BATCH):
-                if self.store.is_cancelled(job_id):
-                    break
-                await self._quality_batch(job_id, list(range(k, min(k + QUALITY_SUB_BATCH, len(specs)))), specs)
-        except Exception:  # never leave a job half-written without saying so
-            log.exception("job %s failed", job_id)
-        finally:  # cancelled, or a runner failure: what has no result is cancelled or failed
-            left = self.store.missing(job_id, range(len(specs)))
-            if left and self.store.is_cancelled(job_id):
-                self.store.record(job_id, [(i, CANCELLED_ENTRY) for i in left])
-            elif left:
-                self.store.record(job_id, [(i, failed_entry("internal", "the job runner failed"))
-                                           for i in left])
-
-    async def _quality_batch(self, job_id: str, indices: list[int], specs: list[Spec]) -> None:
-        if self.quality is None:
-            raise RuntimeError("no quality runner configured")
-        last = ""
-        for attempt in range(1, MAX_TRIES + 1):
-            self.store.begin_attempt(job_id, indices)
-            try:
-                answers = await self.quality.run([specs[i] for i in indices])
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the child died or failed as a whole: try again
-                last = f"{type(e).__name__}: {e}"
-                log.warning("job %s: quality batch at %d failed (%s), try %d", job_id, indices[0], last, attempt)
-                if attempt < MAX_TRIES:
-                    await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-                continue
-            entries = [outcome_entry(a, specs[i]) for i, a in zip(indices, answers, strict=True)]
-            self.store.record(job_id, [(i, e) for i, e in zip(indices, entries, strict=True) if e is not None])
-            return
-        self.store.record(job_id, [(i, failed_entry("item_failed", f"failed after {MAX_TRIES} tries: {last}"))
-                                   for i in indices])
 
     async def _generate(self, req: Any) -> Any:
         svc = self._service()

@@ -42,10 +42,9 @@ def _prefixed(field: str | None, index: int) -> str:
     return f"items.{index}" + (f".{field}" if field and field != "items" else "")
 
 
-def validate_items(raw: list[Any], quality: bool = False) -> list[Spec]:
+def validate_items(raw: list[Any], quality: bool = True) -> list[Spec]:
     """Specs for every item; raises ``InvalidInput`` naming the first bad one. ``quality``:
-    every item is to be answered in the offline quality mode (``jobs.quality``), which only
-    a 上联 with ``n`` = 1 and no seed can be."""
+    the items the quality mode can answer (``searchable``) are marked for it."""
     if not raw:
         raise InvalidInput("items must hold at least one item", "items")
     if len(raw) > MAX_JOB_ITEMS:
@@ -60,22 +59,16 @@ def validate_items(raw: list[Any], quality: bool = False) -> list[Spec]:
         except InvalidInput as e:
             raise InvalidInput(f"items.{i}: {e.message}", _prefixed(e.field, i)) from None
         spec = spec_of(req)
-        if quality:
-            check_quality_item(spec, i)
+        if quality and searchable(spec):
             spec["quality"] = True
         specs.append(spec)
     return specs
 
 
-def check_quality_item(spec: Spec, index: int) -> None:
-    """Raise ``InvalidInput`` (naming ``items.<index>``) unless the quality mode can answer
-    this item: a 上联 with ``n`` = 1 and no seed."""
-    if "upper" not in spec:
-        raise InvalidInput(f"items.{index}: quality mode writes the 下联 of a 上联; a compose item "
-                           "(heads or keyword) has none: submit it in a job without quality", f"items.{index}")
-    if spec.get("n", 1) != 1 or spec.get("seed") is not None:
-        raise InvalidInput(f"items.{index}: quality mode searches for the one best 下联: n must be 1 "
-                           "and seed unset", f"items.{index}")
+def searchable(spec: Spec) -> bool:
+    """Whether the quality mode can answer an item: a 上联 with ``n`` = 1 and no seed (the
+    others are written fast)."""
+    return "upper" in spec and spec.get("n", 1) == 1 and spec.get("seed") is None
 
 
 def spec_of(req: CoupletRequest) -> Spec:
@@ -101,7 +94,7 @@ def request_of(spec: Spec, timeout_s: float | None = None) -> CoupletRequest:
         upper=spec.get("upper"), heads=spec.get("heads"), keyword=spec.get("keyword"),
         length=spec.get("length"),
         params=DecodeParams(n=int(spec.get("n", 1)), seed=spec.get("seed")),
-        priority="bulk", timeout_s=timeout_s,
+        priority="bulk", timeout_s=timeout_s, quality="best" if spec.get("quality") else "fast",
     )
 
 
@@ -113,7 +106,7 @@ def spec_text(spec: Spec) -> str:
 def done_entry(result: CoupletResult, n: int = 1) -> Entry:
     b = result.best
     entry: Entry = {"status": DONE, "upper": b.upper, "lower": b.lower, "hengpi": b.hengpi,
-                    "style": b.style, "model": result.model}
+                    "style": b.style, "model": result.model, "served": result.served}
     if n > 1:
         entry["candidates"] = [c.as_dict() for c in (result.candidates or (b,))]
     return entry

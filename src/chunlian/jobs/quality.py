@@ -1,37 +1,24 @@
-"""Bulk jobs in the offline quality mode: ``POST /v1/jobs`` with ``"quality": true``.
+"""Job items in the quality mode in a Celery worker: ``POST /v1/jobs`` (``quality``: best,
+the default).
 
-Operators who print a campaign's couplets want the best lines, not the fastest: the
-quality mode (``offline.QUALITY``: the reverse-trained weights' beam of 32, reranked by
-their channel score and by the shipped weights) scores BLEU-4 4.15 on the validation split
-against the greedy answer's 3.29, at about five times a greedy line's time (docs/MODEL_CARD.md).
-Interactive requests keep the greedy engine; a job may ask for the quality mode instead.
+The items the quality mode can answer (``jobs.items.searchable``: a 上联 with ``n`` = 1 and
+no seed) are marked at submission; the others are written fast.
 
-* Which items: 下联 items (``upper``) with ``n`` = 1 and no ``seed`` -- the mode searches
-  for the one best line. A quality job with any other item is refused at submission
-  (``items.N``), so a job never silently mixes the two kinds of answer.
-* Where it runs: in a ``chunlian worker`` process (Celery mode), next to the usual model,
-  loaded at the first quality item (``QualityModel``); in the embedded mode (no broker), in
-  one spawned child process (``QualityProcess``) at ``SCHED_IDLE`` (and niced ``engine_nice
-  + worker_nice``): it runs on cores that the event loop and the engine replicas leave idle.
-  Beside a miss load it takes much less interactive throughput than niced alone, and the job
-  waits while the load lasts (``docs/guides/bulk-jobs.md``, ``docs/performance.md``).
-  The quality mode is the shipped pair of weights (``CHUNLIAN_MODEL_PATH`` does not change
-  it); a worker on ``--engine-url`` (on a serving machine) loads that pair itself for quality
-  items and then runs at ``SCHED_IDLE`` too.
+* Embedded jobs (no broker) ask the service's engine for ``quality: "best"`` at bulk
+  priority (``jobs.inprocess``): the engine's search rows, under the bulk share.
+* A ``chunlian worker`` process (Celery mode) runs marked items on the quality mode's own
+  generator, loaded next to the usual model at the first such item (``QualityModel``:
+  ``offline.OfflineGenerator.load_quality``, the same preset as the engine's best mode); a
+  worker on ``--engine-url`` loads that pair itself and runs it at ``SCHED_IDLE``.
 * Sub-batches of ``QUALITY_SUB_BATCH`` items: a search of 32 beams per item is slow, and
   each finished sub-batch is recorded at once, so a chunk cut by its soft time limit loses
   one sub-batch at most (the retry does only what is left).
-* Results carry the answering weights' tag (``chunlian-couplet@rev-v3-step5539``), and are not
-  put in the interactive result cache.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures as cf
 import contextlib
 import logging
-import multiprocessing as mp
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -113,30 +100,3 @@ def _child_init(settings_dump: dict[str, Any]) -> None:
 def _child_run(specs: list[Spec]) -> list[Answer]:
     assert _child_model is not None
     return _child_model.run(specs)
-
-
-class QualityProcess:
-    """The quality mode in one spawned child process, for the embedded (in-process) jobs.
-    Started at the first ``run``; a child that dies is replaced at the next one."""
-
-    def __init__(self, settings_dump: dict[str, Any]) -> None:
-        self.settings_dump = settings_dump
-        self._pool: cf.ProcessPoolExecutor | None = None
-
-    async def run(self, specs: Sequence[Spec]) -> list[Answer]:
-        """Answers for ``specs``; raises when the child fails as a whole (its caller retries)."""
-        if self._pool is None:
-            self._pool = cf.ProcessPoolExecutor(1, mp.get_context("spawn"), initializer=_child_init,
-                                                initargs=(self.settings_dump,))
-        pool = self._pool
-        try:
-            return await asyncio.wrap_future(pool.submit(_child_run, list(specs)))
-        except cf.BrokenExecutor:
-            self._pool = None  # the child died (killed, out of memory): a new one next time
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None

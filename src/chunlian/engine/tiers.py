@@ -1,0 +1,95 @@
+"""The modes that can answer a request, and how ``auto`` picks one (plain data, no torch).
+
+A request asks for a ``Quality``: ``best``, ``fast`` or ``auto``. It is answered by a
+``Served`` mode:
+
+* ``best``: the quality preset. The reverse-trained weights' constrained beam of 32, its
+  lines reranked by their channel score (weight 0.75) and by the served weights' forward
+  score (weight 0.5): ``docs/performance.md`` ("Quality mode: search width and rescoring")
+  has the table it was chosen from.
+* ``good``: the same search at width 8, for a quarter of the rows.
+* ``fast``: greedy decoding (or sampling, when the request has a seed) of the served weights.
+
+``auto`` is decided by the scheduler when the request is admitted (``choose``), from the
+queue wait it measures against the request's deadline: the best mode while requests are
+admitted promptly, a narrower search as the wait grows, greedy decoding beyond. So at light
+load everyone gets the best couplet, and under a peak the service steps down instead of
+refusing: a search's rows cost the same step time as greedy ones, and a best answer holds
+32 of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from chunlian.types import BeamParams, CoupletRequest, Quality, Served
+
+BEST = BeamParams(width=32, channel_weight=0.75, rescore_weight=0.5)
+GOOD = BeamParams(width=8, channel_weight=0.75, rescore_weight=0.5)
+# the searching modes, best first; anything else is ``fast``
+SEARCHES: tuple[tuple[Served, BeamParams], ...] = (("best", BEST), ("good", GOOD))
+SEARCH_OF: dict[str, BeamParams] = dict(SEARCHES)
+
+
+def fixed_tier(req: CoupletRequest, searching: bool) -> Served | None:
+    """The mode that answers ``req`` whatever the load, or None when the scheduler chooses
+    (``auto``). ``searching``: whether the engine has the weights to search with. A request
+    a search cannot answer (a composed couplet, a seed) is ``fast``."""
+    if not req.searchable or not searching or req.quality == "fast":
+        return "fast"
+    if req.quality == "best":
+        return "best"
+    return None
+
+
+def served_of(req: CoupletRequest, tier: Served | None) -> Served:
+    """What a finished request says served it: its tier, else (a request with a search
+    of its own: CLI, sweeps) the mode whose search it ran, else ``fast``."""
+    if tier is not None:
+        return tier
+    for name, params in SEARCHES:
+        if req.params.beam == params:
+            return name
+    return "fast"
+
+
+@dataclass(frozen=True)
+class StepDown:
+    """When ``auto`` steps down. Measured: ``wait_s``, how long recent requests waited for
+    admission (and the oldest waiting one has so far); ``service_s``, how long each mode
+    recently took once admitted. A search is chosen only when the wait is at most its share
+    of the request's whole timeout (``wait_share`` for the best mode, twice that for
+    ``good``), its rows are free, and its recent service time fits in what is left of the
+    deadline."""
+
+    wait_share: float = 0.02
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.wait_share <= 1.0:
+            raise ValueError(f"wait_share must be between 0 and 1, got {self.wait_share}")
+
+    def choose(self, *, wait_s: float, timeout_s: float, left_s: float, free_rows: int,
+               service_s: dict[str, float]) -> Served:
+        """The mode for an ``auto`` request admitted now."""
+        if not math.isfinite(timeout_s):
+            timeout_s = left_s if math.isfinite(left_s) else math.inf
+        for k, (name, params) in enumerate(SEARCHES):
+            limit_s = self.wait_share * (k + 1) * timeout_s
+            if params.width <= free_rows and wait_s <= limit_s and service_s.get(name, 0.0) < left_s:
+                return name
+        return "fast"
+
+
+def rows_of(tier: Served, req: CoupletRequest) -> int:
+    """KV-cache rows ``req`` holds when ``tier`` answers it."""
+    params = SEARCH_OF.get(tier)
+    return params.width if params is not None else req.params.rows
+
+
+def quality_or_error(value: str) -> Quality:
+    """``value`` as a ``Quality`` (raises ``ValueError`` naming the choices)."""
+    for q in ("auto", "best", "fast"):
+        if value == q:
+            return q
+    raise ValueError(f"quality must be one of auto, best, fast; got {value!r}")

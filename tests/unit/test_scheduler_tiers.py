@@ -1,0 +1,107 @@
+"""The quality modes in the scheduler: the search pool, ``auto``'s step-down and ``best``'s
+refusal, with plain data and an explicit clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from chunlian.engine.scheduler import SchedRequest, Scheduler, SchedulerConfig, Unreachable
+from chunlian.engine.tiers import StepDown
+from chunlian.types import Served
+
+
+def req(i: int, tier: Served | None, t: float = 0.0, n: int = 1, prio: str = "interactive",
+        deadline: float = 10.0) -> SchedRequest:
+    return SchedRequest(i, prio, n, t, deadline, tier=tier)  # type: ignore[arg-type]
+
+
+def sched(**kw: object) -> Scheduler:
+    cfg: dict[str, object] = dict(max_batch_size=8, max_wait_ms=0.0, max_queue_size=100, batching="continuous",
+                                  beam_rows=64, min_prefill_seqs=1, step_down=StepDown(0.02))
+    cfg.update(kw)
+    return Scheduler(SchedulerConfig(**cfg))  # type: ignore[arg-type]
+
+
+def test_auto_is_best_while_nothing_waits() -> None:
+    s = sched()
+    s.add(req(1, None))
+    p = s.plan(0.0)
+    assert p.prefill == [1] and p.tiers == {1: "best"}
+    assert s.live_search_rows == 32 and s.live_seqs == 0
+
+
+def test_auto_steps_down_to_a_narrower_search_then_greedy_as_search_rows_fill() -> None:
+    s = sched(beam_rows=40)  # one best search (32) and one good one (8)
+    for i in range(3):
+        s.add(req(i, None))
+    p = s.plan(0.0)
+    assert p.tiers == {0: "best", 1: "good", 2: "fast"}
+    assert (s.live_search_rows, s.live_seqs) == (40, 1)
+
+
+def test_auto_steps_down_when_the_measured_queue_wait_grows() -> None:
+    s = sched()
+    for i in range(16):  # 8 main rows: the second 8 wait 0.5 s
+        s.add(req(i, "fast"))
+    s.plan(0.0)
+    for i in range(8):
+        s.on_seqs_finished(i, 1, now_s=0.5)
+    s.add(req(99, None, t=0.5, deadline=10.5))
+    p = s.plan(0.5)
+    assert p.prefill == list(range(8, 16)) and not p.tiers  # no main row left: 99 waits, undecided
+    # the measured wait (0.42 s, recent admissions) is above 4% of the 10 s timeout
+    assert s.wait_s == pytest.approx(0.5 * (1 - 0.8 ** 8))
+    for i in range(8, 16):
+        s.on_seqs_finished(i, 1, now_s=0.6)
+    assert s.plan(0.6).tiers == {99: "fast"}
+
+
+def test_auto_skips_a_search_whose_service_time_exceeds_the_deadline() -> None:
+    s = sched()
+    s.service_s.update(best=2.0, good=0.5)
+    s.add(req(1, None, deadline=1.0))
+    assert s.plan(0.0).tiers == {1: "good"}
+
+
+def test_a_waiting_best_search_does_not_hold_up_greedy_requests_behind_it() -> None:
+    s = sched(beam_rows=32)
+    s.add(req(1, "best"))
+    s.add(req(2, "best"))  # no rows left in the search pool
+    s.add(req(3, "fast"))
+    s.add(req(4, None))  # behind a waiting search: not searched ahead of it
+    p = s.plan(0.0)
+    assert p.prefill == [1, 3, 4] and p.tiers == {4: "fast"}
+    assert [r.req_id for r in s.waiting["interactive"]] == [2]
+    s.on_seqs_finished(1, 32, now_s=0.5)
+    assert s.plan(0.5).prefill == [2]
+    assert s.service_s["best"] == pytest.approx(0.5)
+
+
+def test_best_is_refused_when_the_measured_service_time_misses_its_deadline() -> None:
+    s = sched(beam_rows=32)
+    s.service_s["best"] = 1.0
+    s.add(req(1, "best", deadline=5.0))
+    s.plan(0.0)
+    s.add(req(2, "best", deadline=5.0))  # starts after 1: done at about 2 s
+    with pytest.raises(Unreachable):  # would start after 1 and 2: done at about 3 s
+        s.add(req(3, "best", deadline=2.5))
+    s.add(req(4, "fast", deadline=0.1))  # greedy is never refused this way
+
+
+def test_bulk_searches_keep_to_one_search_beside_interactive_work() -> None:
+    s = sched(beam_rows=96, bulk_min_share=0.125)
+    s.add(req(1, "fast"))
+    for i in range(2, 5):
+        s.add(req(i, "best", prio="bulk"))
+    p = s.plan(0.0)
+    assert p.prefill == [1, 2]  # one bulk search while interactive work runs
+    s.on_seqs_finished(1, 1, now_s=0.1)
+    assert s.plan(0.1).prefill == [3, 4]  # alone, bulk fills the pool
+
+
+def test_without_a_search_pool_searches_share_the_main_rows() -> None:
+    s = sched(beam_rows=0, max_batch_size=40)
+    s.add(req(1, "best"))
+    s.add(req(2, "fast", n=8))
+    s.plan(0.0)
+    assert s.live_seqs == 40 and s.live_search_rows == 0
