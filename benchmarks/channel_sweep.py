@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--forward-model", type=Path, default=None,
                     help="also add F * log p(lower | upper) of these weights to each candidate's score")
     ap.add_argument("--forward-weights", type=float, nargs="+", default=[0.0])
+    ap.add_argument("--rescore-top", type=int, nargs="+", default=[0],
+                    help="rerank only the beam's best K lines (each K a row of the table; 0: all of them)")
     ap.add_argument("--nbest-cache", type=Path, default=None,
                     help="JSON of the beam's candidates: read if it exists, else written (skips the search)")
     ap.add_argument("--tone-bias", type=float, default=None, help="the 平仄 soft bias (default: the runner's)")
@@ -93,14 +95,17 @@ def main() -> None:
     fwd: list[list[float]] | None = None
     if args.forward_model is not None:
         fwd = candidate_scores([load_weights(args.forward_model, "cpu")], items, nbest, forward=True)
-    for f in args.forward_weights if fwd is not None else [0.0]:
-        for w in args.weights:
-            # each candidate: logprob + w * channel (+ f * the second model's forward score)
-            hyps = [h.lower for h in rerank(nbest, (w, channel), *([(f, fwd)] if fwd is not None else []))]
-            m = compute_metrics(uppers, hyps, refs)
-            table.append({"weight": w, "forward_weight": f, **m})
-            print(json.dumps({"weight": w, "forward_weight": f, "bleu4": m["bleu4"], "bleu1": m["bleu1"],
-                              "pingze_opposition": m["pingze_opposition"], "ends_ping": m["ends_ping"]}))
+    for top in args.rescore_top:
+        cut = [hyps[:top] if top else hyps for hyps in nbest]
+        for f in args.forward_weights if fwd is not None else [0.0]:
+            for w in args.weights:
+                # each candidate: logprob + w * channel (+ f * the second model's forward score)
+                hyps = [h.lower for h in rerank(cut, (w, channel), *([(f, fwd)] if fwd is not None else []))]
+                m = compute_metrics(uppers, hyps, refs)
+                table.append({"weight": w, "forward_weight": f, "rescore_top": top, **m})
+                print(json.dumps({"weight": w, "forward_weight": f, "rescore_top": top, "bleu4": m["bleu4"],
+                                  "bleu1": m["bleu1"], "pingze_opposition": m["pingze_opposition"],
+                                  "ends_ping": m["ends_ping"]}))
     report = {"data": args.data, "half": args.half, "seed": args.seed, "pairs": len(pairs), "beam": args.beam,
               "forward_model": str(args.forward_model) if args.forward_model else None,
               "model": gen.loaded.tag, "tone_bias": tone_bias,

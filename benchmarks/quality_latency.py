@@ -43,7 +43,7 @@ def main() -> None:
         for name in (list(gens) if r % 2 == 0 else list(reversed(gens))):
             rounds[name].append(latency(gens[name], uppers))
     med = {name: statistics.median(x["median_ms"] for x in rs) for name, rs in rounds.items()}
-    report = {"lines": len(uppers), "preset": vars(QUALITY), "rounds": rounds,
+    report = {"lines": len(uppers), "preset": QUALITY.as_dict(), "rounds": rounds,
               "models": {name: g.loaded.tag for name, g in gens.items()},
               "quality_vs_greedy_median": round(med["quality"] / med["greedy"], 1)}
     if "quality-against" in med:

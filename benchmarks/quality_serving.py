@@ -28,9 +28,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from chunlian.bench.common import percentile
+from chunlian.bench.rawhttp import EXCHANGE_ERRORS, RawConnection, encode_body
 from chunlian.bench.sweep import run_server
 from chunlian.training.eval_run import read_eval_pairs
 
@@ -51,11 +50,27 @@ class Lines:
         return {"upper": upper, "style": style, "quality": quality, "timeout_ms": 30_000}
 
 
-async def one(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float, int, str]:
+class Client:
+    """Connections to the server (the project's raw client: a load generator on the same
+    cores must cost far less than the server it measures)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.host, self.port = host, int(port)
+
+    def connect(self) -> RawConnection:
+        return RawConnection(self.host, self.port, timeout_s=60.0)
+
+
+async def one(conn: RawConnection, body: dict[str, Any]) -> tuple[float, int, str]:
+    """(seconds, status, served) of one request; status -1 for a transport error."""
     t0 = time.perf_counter()
-    r = await http.post("/v1/couplets", json=body)
-    served = r.json().get("served", "") if r.status_code == 200 else ""
-    return time.perf_counter() - t0, r.status_code, served
+    try:
+        status, _headers, data = await conn.request(b"POST", "/v1/couplets", encode_body(body))
+    except EXCHANGE_ERRORS:
+        return time.perf_counter() - t0, -1, ""
+    served = json.loads(data).get("served", "") if status == 200 else ""
+    return time.perf_counter() - t0, status, served
 
 
 def summary(results: list[tuple[float, int, str]], took_s: float) -> dict[str, Any]:
@@ -69,21 +84,32 @@ def summary(results: list[tuple[float, int, str]], took_s: float) -> dict[str, A
     }
 
 
-async def closed_loop(http: httpx.AsyncClient, lines: Lines, quality: str, clients: int,
+async def once(http: Client, body: dict[str, Any]) -> tuple[float, int, str]:
+    """One request on a connection of its own (open-loop arrivals)."""
+    conn = http.connect()
+    try:
+        return await one(conn, body)
+    finally:
+        conn.close()
+
+
+async def closed_loop(http: Client, lines: Lines, quality: str, clients: int,
                       duration_s: float) -> dict[str, Any]:
     results: list[tuple[float, int, str]] = []
     end = time.perf_counter() + duration_s
 
     async def client() -> None:
+        conn = http.connect()
         while time.perf_counter() < end:
-            results.append(await one(http, lines.body(quality)))
+            results.append(await one(conn, lines.body(quality)))
+        conn.close()
 
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
     return summary(results, time.perf_counter() - t0)
 
 
-async def open_loop(http: httpx.AsyncClient, lines: Lines, quality: str, rate_per_s: float,
+async def open_loop(http: Client, lines: Lines, quality: str, rate_per_s: float,
                     duration_s: float) -> dict[str, Any]:
     """Poisson arrivals at ``rate_per_s`` for ``duration_s``; waits for every answer."""
     rng = random.Random(11)
@@ -93,17 +119,17 @@ async def open_loop(http: httpx.AsyncClient, lines: Lines, quality: str, rate_pe
     while at < t0 + duration_s:
         at += rng.expovariate(rate_per_s)
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        tasks.append(asyncio.ensure_future(one(http, lines.body(quality))))
+        tasks.append(asyncio.ensure_future(once(http, lines.body(quality))))
     results = list(await asyncio.gather(*tasks))
     return {**summary(results, duration_s), "offered_per_s": round(rate_per_s, 2)}
 
 
-async def lone(http: httpx.AsyncClient, lines: Lines, count: int) -> dict[str, Any]:
+async def lone(http: Client, lines: Lines, count: int) -> dict[str, Any]:
     times: dict[str, list[float]] = {"fast": [], "best": []}
+    conn = http.connect()
     for k in range(count):
         for q in (("fast", "best") if k % 2 == 0 else ("best", "fast")):
-            body = lines.body(q)
-            t, code, served = await one(http, body)
+            t, code, served = await one(conn, lines.body(q))
             if code == 200 and served == q:
                 times[q].append(t)
     med = {q: statistics.median(ts) for q, ts in times.items() if ts}
@@ -113,17 +139,16 @@ async def lone(http: httpx.AsyncClient, lines: Lines, count: int) -> dict[str, A
 
 async def measure(url: str, args: argparse.Namespace, uppers: list[str]) -> dict[str, Any]:
     lines = Lines(uppers)
-    limits = httpx.Limits(max_connections=args.saturation + 8, max_keepalive_connections=args.saturation + 8)
-    async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as http:
-        await closed_loop(http, lines, "auto", 16, args.warmup_s)  # warm both runners
-        rep: dict[str, Any] = {"lone": await lone(http, lines, args.lone)}
-        c = args.concurrency
-        rep[f"closed_c{c}"] = {q: await closed_loop(http, lines, q, c, args.duration_s) for q in ("fast", "best")}
-        s = args.saturation
-        rep[f"saturation_c{s}"] = {q: await closed_loop(http, lines, q, s, args.duration_s) for q in ("fast", "auto")}
-        rate = args.light_share * rep[f"closed_c{c}"]["fast"]["req_per_s"]
-        await asyncio.sleep(2.0)  # the queue empties; the measured wait settles
-        rep["light_auto"] = await open_loop(http, lines, "auto", rate, args.duration_s)
+    http = Client(url)
+    await closed_loop(http, lines, "auto", 16, args.warmup_s)  # warm both runners
+    rep: dict[str, Any] = {"lone": await lone(http, lines, args.lone)}
+    c = args.concurrency
+    rep[f"closed_c{c}"] = {q: await closed_loop(http, lines, q, c, args.duration_s) for q in ("fast", "best")}
+    s = args.saturation
+    rep[f"saturation_c{s}"] = {q: await closed_loop(http, lines, q, s, args.duration_s) for q in ("fast", "auto")}
+    rate = args.light_share * rep[f"closed_c{c}"]["fast"]["req_per_s"]
+    await asyncio.sleep(2.0)  # the queue empties; the measured wait settles
+    rep["light_auto"] = await open_loop(http, lines, "auto", rate, args.duration_s)
     closed, sat, light = rep[f"closed_c{c}"], rep[f"saturation_c{s}"], rep["light_auto"]
     answered = sum(light["served"].values()) or 1
     rep["ratios"] = {

@@ -62,7 +62,7 @@ def _apply_quality(args: argparse.Namespace) -> None:
         if args.model_path is None:
             args.model_path = QUALITY_WEIGHTS
         if args.beam is None:
-            args.beam = QUALITY.beam_width
+            args.beam = QUALITY.width
         if args.channel is None and args.beam > 1:
             args.channel = QUALITY.channel_weight
         if args.rescore is None and (args.beam > 1 or args.rescore_weight):
@@ -73,6 +73,8 @@ def _apply_quality(args: argparse.Namespace) -> None:
         args.channel = 0.0
     if args.rescore_weight is None:
         args.rescore_weight = QUALITY.rescore_weight if args.rescore else 0.0
+    # the preset's search reranks its best lines only
+    args.rescore_top = QUALITY.rescore_top if getattr(args, "quality", False) and args.beam == QUALITY.width else 0
 
 
 def _generator(args: argparse.Namespace) -> Any:
@@ -84,6 +86,7 @@ def _generator(args: argparse.Namespace) -> Any:
         blocklist=load_settings().generation_blocklist(),  # the bans the service applies
         channel_weight=getattr(args, "channel", 0.0),
         rescore=tuple(getattr(args, "rescore", None) or ()), rescore_weight=getattr(args, "rescore_weight", 0.0),
+        rescore_top=getattr(args, "rescore_top", 0),
     )
 
 
@@ -166,7 +169,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         report = run_eval(Path(args.data), args.limit, args.model_path, args.device, args.baselines,
                           args.batch_size, args.tone_bias, args.beam, args.zodiac_year,
                           args.channel, tuple(args.rescore or ()),
-                          args.rescore_weight)
+                          args.rescore_weight, args.rescore_top)
     except InvalidInput as e:
         return fail(e.message)
     if args.json:

@@ -17,6 +17,7 @@ from chunlian.engine.core import CoreOutput, CoreRequest, EngineCore
 from chunlian.engine.request import BeamHyp
 from chunlian.engine.rescore import Rescorer
 from chunlian.engine.runner import ModelRunner
+from chunlian.engine.tiers import BEST
 from chunlian.errors import ChunlianError, InvalidInput, ModelError
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.styles import STYLES
@@ -32,18 +33,8 @@ MAX_BEAM = 32
 MAX_CHANNEL_WEIGHT = 4.0
 
 
-@dataclass(frozen=True)
-class QualityPreset:
-    """The offline quality mode (``--quality``): slower, closer to real couplets. Chosen on
-    one half of the validation split (``benchmarks/channel_sweep.py --half a``)."""
-
-    beam_width: int = 32
-    channel_weight: float = 0.75
-    # the shipped (forward-only) weights' log p(lower | upper) added to each candidate's score
-    rescore_weight: float = 0.5
-
-
-QUALITY = QualityPreset()
+# the quality mode (``--quality``; the service's best mode): slower, closer to real couplets
+QUALITY = BEST
 
 
 def check_style(style: str) -> str:
@@ -132,6 +123,7 @@ class OfflineGenerator:
     # each candidate's score (a second opinion on the beam's candidates; model.channel)
     rescorers: tuple[LoadedModel, ...] = ()
     rescore_weight: float = 0.0
+    rescore_top: int = 0  # rerank only the beam's best lines (0: every one; ``BeamParams``)
     core: EngineCore = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -144,7 +136,7 @@ class OfflineGenerator:
     def load(
         cls, model_path: Path | None = None, device: str = "cpu", capacity: int = 64, beam_width: int = 1,
         blocklist: Blocklist | None = None, channel_weight: float = 0.0,
-        rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
+        rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0, rescore_top: int = 0,
     ) -> OfflineGenerator:
         """``blocklist``: the bans on generated text (default: the safety blocklist alone;
         the service's are ``Settings.generation_blocklist()``); ``device``: cpu, cuda or auto
@@ -161,7 +153,7 @@ class OfflineGenerator:
         runner = ModelRunner(loaded, max(capacity, beam_width), device, blocklist=blocklist)
         rescorers = tuple(load_weights(p, device) for p in rescore) if rescore_weight > 0 else ()
         return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight,
-                   rescorers, rescore_weight)
+                   rescorers, rescore_weight, min(rescore_top, beam_width))
 
     @classmethod
     def load_quality(cls, device: str = "cpu", capacity: int = 64, blocklist: Blocklist | None = None,
@@ -172,15 +164,18 @@ class OfflineGenerator:
         part; bulk jobs: ``jobs.quality``)."""
         from chunlian.model.checkpoint import DEFAULT_WEIGHTS, QUALITY_WEIGHTS
 
-        return cls.load(model_path or QUALITY_WEIGHTS, device, capacity=capacity, beam_width=QUALITY.beam_width,
+        return cls.load(model_path or QUALITY_WEIGHTS, device, capacity=capacity, beam_width=QUALITY.width,
                         blocklist=blocklist, channel_weight=QUALITY.channel_weight,
-                        rescore=(DEFAULT_WEIGHTS,), rescore_weight=QUALITY.rescore_weight)
+                        rescore=(DEFAULT_WEIGHTS,), rescore_weight=QUALITY.rescore_weight,
+                        rescore_top=QUALITY.rescore_top)
 
     def beam_params(self) -> BeamParams | None:
         """The search this generator gives greedy 下联 requests (None: greedy decoding)."""
         if self.beam_width <= 1:
             return None
-        return BeamParams(self.beam_width, self.channel_weight, self.rescore_weight)
+        reranked = self.channel_weight > 0 or self.rescore_weight > 0
+        return BeamParams(self.beam_width, self.channel_weight, self.rescore_weight,
+                          self.rescore_top if reranked else 0)
 
     def generate(self, requests: list[CoupletRequest]) -> list[CoupletResult | ChunlianError]:
         """Results in input order; a request that fails yields its error, not an abort.

@@ -29,10 +29,15 @@ class BeamParams:
     width: int
     channel_weight: float = 0.0
     rescore_weight: float = 0.0
+    # rerank only the search's best ``rescore_top`` lines (0: all ``width``); the rest follow
+    # them in the search's order
+    rescore_top: int = 0
 
     def __post_init__(self) -> None:
         if self.width < 1:
             raise ValueError(f"beam width must be >= 1, got {self.width}")
+        if not 0 <= self.rescore_top <= self.width:
+            raise ValueError(f"rescore_top must be between 0 and the width, got {self.rescore_top}")
         if self.channel_weight < 0 or self.rescore_weight < 0:
             raise ValueError("rescoring weights must be >= 0")
 
@@ -41,7 +46,8 @@ class BeamParams:
         return self.channel_weight > 0 or self.rescore_weight > 0
 
     def as_dict(self) -> dict[str, object]:
-        return {"width": self.width, "channel_weight": self.channel_weight, "rescore_weight": self.rescore_weight}
+        return {"width": self.width, "channel_weight": self.channel_weight, "rescore_weight": self.rescore_weight,
+                "rescore_top": self.rescore_top}
 
 
 @dataclass(frozen=True)

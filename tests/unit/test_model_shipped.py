@@ -515,6 +515,6 @@ def test_load_quality_is_the_preset() -> None:
     from chunlian.offline import QUALITY, OfflineGenerator
 
     gen = OfflineGenerator.load_quality("cpu", capacity=4)
-    assert gen.loaded.version == load_weights(QUALITY_WEIGHTS).version and gen.beam_width == QUALITY.beam_width
+    assert gen.loaded.version == load_weights(QUALITY_WEIGHTS).version and gen.beam_width == QUALITY.width
     assert gen.channel_weight == QUALITY.channel_weight and gen.rescore_weight == QUALITY.rescore_weight
     assert [m.version for m in gen.rescorers] == [shipped().version]

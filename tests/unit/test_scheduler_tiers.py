@@ -105,3 +105,15 @@ def test_without_a_search_pool_searches_share_the_main_rows() -> None:
     s.add(req(2, "fast", n=8))
     s.plan(0.0)
     assert s.live_seqs == 40 and s.live_search_rows == 0
+
+
+def test_auto_gets_no_search_while_more_rows_wait_than_are_free() -> None:
+    s = sched()  # 8 main rows
+    for i in range(12):  # a saturating load: 12 rows asked for, 8 free
+        s.add(req(i, None))
+    p = s.plan(0.0)
+    assert set(p.tiers.values()) == {"fast"} and len(p.tiers) == 8
+    for i in range(8):
+        s.on_seqs_finished(i, 1, now_s=0.05)
+    p = s.plan(0.05)  # the 4 left fit: no backlog, a short wait
+    assert p.tiers == {8: "best", 9: "best", 10: "fast", 11: "fast"}

@@ -46,19 +46,22 @@ class Rescorer:
 
     def rerank(self, jobs: Sequence[BeamJob]) -> list[list[BeamHyp]]:
         """Each job's lines, best first by ``logprob + channel_weight * channel +
-        rescore_weight * forward`` (ties keep the beam's order)."""
-        triples = [(j.upper, h.lower, j.style) for j in jobs for h in j.hyps]
+        rescore_weight * forward`` (ties keep the beam's order); with ``rescore_top``, only
+        the beam's best lines are rescored and the others follow them as the beam left them."""
+        tops = [j.hyps[: j.params.rescore_top or len(j.hyps)] for j in jobs]
+        triples = [(j.upper, h.lower, j.style) for j, top in zip(jobs, tops, strict=True) for h in top]
         channel = self._scores([self._channel], triples,
                                any(j.params.channel_weight > 0 for j in jobs))
         forward = self._scores(list(self._forward), triples, any(j.params.rescore_weight > 0 for j in jobs))
         out: list[list[BeamHyp]] = []
         at = 0
-        for j in jobs:
+        for j, top in zip(jobs, tops, strict=True):
             cw, rw = j.params.channel_weight, j.params.rescore_weight
-            totals = [h.logprob + cw * channel[at + k] + rw * forward[at + k] for k, h in enumerate(j.hyps)]
+            totals = [h.logprob + cw * channel[at + k] + rw * forward[at + k] for k, h in enumerate(top)]
             # a stable sort, reverse included: ties keep the beam's order
-            out.append([j.hyps[k] for k in sorted(range(len(totals)), key=totals.__getitem__, reverse=True)])
-            at += len(j.hyps)
+            ranked = [top[k] for k in sorted(range(len(totals)), key=totals.__getitem__, reverse=True)]
+            out.append(ranked + list(j.hyps[len(top):]))
+            at += len(top)
         return out
 
     @staticmethod

@@ -148,6 +148,7 @@ class Scheduler:
         # measured: interactive requests' queue wait, and each mode's time from admission to end
         self.wait_s = 0.0
         self.service_s: dict[str, float] = {}
+        self._backlog = False  # set by each plan: more rows waiting than the main pool has free
         self._by_id: dict[int, SchedRequest] = {}
 
     # ---- inputs --------------------------------------------------------------------------
@@ -285,6 +286,8 @@ class Scheduler:
         elif self.live_seqs > 0:
             # running: let newcomers join in groups (prefill grouping, docstring)
             main_ok = cap - self.live_seqs >= self._waiting_seqs(self.cfg.prefill_group)
+        # more rows asked for than free: the engine is saturated, auto requests get no search
+        self._backlog = self._waiting_seqs(cap - self.live_seqs + 1) > cap - self.live_seqs
         bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
         share = bulk_rows(cap, self.cfg.bulk_min_share)
         reserve = max(0, share - self.live_bulk_seqs) if bulk_q else 0
@@ -329,7 +332,7 @@ class Scheduler:
         free = (self._search_room(r.priority) if self.cfg.beam_rows > 0 else room) if searches else 0
         return self.cfg.step_down.choose(
             wait_s=self._measured_wait_s(now_s), timeout_s=r.deadline_s - r.arrival_s,
-            left_s=r.deadline_s - now_s, free_rows=free, service_s=self.service_s)
+            left_s=r.deadline_s - now_s, free_rows=free, service_s=self.service_s, backlog=self._backlog)
 
     def _take(self, q: deque[SchedRequest], room: int, plan: StepPlan, now_s: float) -> None:
         """Admit from ``q`` in order while its head fits: greedy rows from ``room``, searches

@@ -56,7 +56,7 @@ def run_eval(
     data: Path, limit: int | None = None, model_path: Path | None = None, device: str = "cpu",
     baselines: bool = False, batch_size: int = 64, tone_bias: float | None = None,
     beam: int = 1, zodiac_year: int | None = None, channel_weight: float = 0.0,
-    rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0,
+    rescore: tuple[Path, ...] = (), rescore_weight: float = 0.0, rescore_top: int = 0,
 ) -> dict[str, Any]:
     from chunlian.offline import OfflineGenerator
 
@@ -69,7 +69,7 @@ def run_eval(
     bans = with_zodiac(default_blocklist(), zodiac_year)
     gen = OfflineGenerator.load(model_path, device, capacity=batch_size, beam_width=beam,
                                 blocklist=bans, channel_weight=channel_weight,
-                                rescore=rescore, rescore_weight=rescore_weight)
+                                rescore=rescore, rescore_weight=rescore_weight, rescore_top=rescore_top)
     if tone_bias is not None:
         gen.runner.tone_bias = tone_bias
     uppers = [u for u, _ in pairs]
@@ -87,6 +87,8 @@ def run_eval(
     if rescore_weight > 0:
         report["rescore"] = [m.tag for m in gen.rescorers]
         report["rescore_weight"] = rescore_weight
+        if rescore_top:
+            report["rescore_top"] = rescore_top
     if zodiac_year is not None:
         report["zodiac_year"] = zodiac_year
     if baselines:
