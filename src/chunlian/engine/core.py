@@ -32,9 +32,9 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from chunlian.engine.config import EngineConfig
+from chunlian.engine.coreapi import CoreOutput, CoreRequest, Runner
 from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand
 from chunlian.engine.rerank import HengpiChooser, build_result
@@ -58,48 +58,11 @@ from chunlian.errors import (
 )
 from chunlian.types import BeamParams, CoupletRequest, CoupletResult, Served
 
-__all__ = ["CoreOutput", "CoreRequest", "EngineCore", "Runner"]
+__all__ = ["CoreOutput", "CoreRequest", "EngineCore", "Runner"]  # the interface: engine.coreapi
 
 RATE_WINDOW_S = 10  # the completion rate is measured over this many seconds
 
 log = logging.getLogger("chunlian.engine")
-
-
-class Runner(Protocol):
-    """What the core needs of a model runner (``ModelRunner`` or a fake in tests)."""
-
-    capacity: int
-    tokens_emitted: int
-    padded_batches: bool  # set for static batching: one padded rectangle per batch
-    @property
-    def n_live(self) -> int: ...  # rows live
-
-    # decode the live rows and admit ``specs`` (either may be empty): one iteration
-    def step(self, specs: list[SeqSpec]) -> list[SeqOutput]: ...
-    def release(self, seq_ids: set[int] | list[int]) -> None: ...
-    def bind_thread(self) -> None: ...  # called on the stepping thread before its first step
-
-
-@dataclass(frozen=True)
-class CoreRequest:
-    """A request as the core takes it: its id (unique among the core's live requests) and
-    its absolute deadline on ``time.monotonic`` (``math.inf``: none)."""
-
-    req_id: int
-    request: CoupletRequest
-    deadline_s: float = math.inf
-
-
-@dataclass(frozen=True)
-class CoreOutput:
-    """How a request ended: exactly one of ``result`` and ``error``; a beam request's result
-    comes with its search's final lines, best first by the beam's own score (``beams``:
-    for sweeps and distillation, which rerank them their own way)."""
-
-    req_id: int
-    result: CoupletResult | None = None
-    error: ChunlianError | None = None
-    beams: tuple[BeamHyp, ...] = ()
 
 
 @dataclass
@@ -446,5 +409,7 @@ class EngineCore:
 
 def _distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
     """``outputs`` without repeated lines, first kept (a search's dead slots repeat its best)."""
-    seen: set[str] = set()
-    return [o for o in outputs if not (o.lower in seen or seen.add(o.lower))]  # type: ignore[func-returns-value]
+    first: dict[str, SeqOutput] = {}
+    for o in outputs:
+        first.setdefault(o.lower, o)
+    return list(first.values())
