@@ -9,7 +9,7 @@
    at concurrency 16 against one ``chunlian serve`` process, first alone, then while an
    in-process bulk job (thousands of items, ``bulk`` priority, the same engine) runs on
    it. Ratio of the p99s; and how many bulk items got done meanwhile. ``--quality-job``:
-   again with the bulk job in the quality mode (``jobs.quality``: its own child process).
+   again with the bulk job in the best mode (through the engine's search rows, at bulk priority).
 4. ``colocated`` (``--colocated``): the same interactive load while a Celery worker on the
    same machine runs a job, (a) with its own model (competing for the cores; at the default
    ``worker_nice`` and, for comparison, not niced), (b) with ``--engine-url`` (items sent to
@@ -225,7 +225,8 @@ async def interactive_load(url: str, uppers: list[str], concurrency: int, durati
             if u is None:
                 return
             t = time.perf_counter()
-            r = await c.post("/v1/couplets", json={"upper": u})
+            # fast: the same interactive work in every phase (auto would step down beside a job)
+            r = await c.post("/v1/couplets", json={"upper": u, "quality": "fast"})
             if r.status_code == 200 and not r.json()["cached"]:
                 lat.append(time.perf_counter() - t)
             else:
@@ -365,7 +366,7 @@ def main() -> None:
     ap.add_argument("--shares", default="", help="also measure (3) with these CHUNLIAN_BULK_MIN_SHARE values")
     ap.add_argument("--colocated", action="store_true", help="also: a Celery worker beside the server")
     ap.add_argument("--quality-job", action="store_true",
-                    help="also measure (3) with the bulk job in the quality mode (its own child process)")
+                    help="also measure (3) with the bulk job in the best mode")
     ap.add_argument("--skip", default="", help="comma-separated: engine,celery,interactive")
     ap.add_argument("--wait-quiet", type=float, default=300.0,
                     help="before each measurement, wait up to this long for other work on the machine to stop")

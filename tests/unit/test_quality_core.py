@@ -61,3 +61,13 @@ def test_auto_is_best_at_idle_and_compose_is_written_fast(core: EngineCore) -> N
                                 replace(compose_request(heads="李明"), quality="best")])
     assert auto.result is not None and auto.result.served == "best"
     assert composed.result is not None and composed.result.served == "fast"
+
+
+def test_a_bulk_best_search_beside_interactive_work_is_searched_narrower_and_says_so(core: EngineCore) -> None:
+    bulk = replace(asked(UPPERS[2], "best"), priority="bulk")
+    fast, searched = run(core, [asked(UPPERS[0], "fast"), bulk])
+    assert fast.result is not None and fast.result.served == "fast"
+    assert searched.result is not None and searched.result.served == "good"
+    assert core.runner.n_live == 0 and core.search_runner is not None and core.search_runner.n_live == 0
+    [alone] = run(core, [bulk])
+    assert alone.result is not None and alone.result.served == "best"

@@ -88,15 +88,18 @@ def test_best_is_refused_when_the_measured_service_time_misses_its_deadline() ->
     s.add(req(4, "fast", deadline=0.1))  # greedy is never refused this way
 
 
-def test_bulk_searches_keep_to_one_search_beside_interactive_work() -> None:
+def test_bulk_searches_keep_to_the_bulk_share_beside_interactive_work() -> None:
     s = sched(beam_rows=96, bulk_min_share=0.125)
     s.add(req(1, "fast"))
     for i in range(2, 5):
         s.add(req(i, "best", prio="bulk"))
     p = s.plan(0.0)
-    assert p.prefill == [1, 2]  # one bulk search while interactive work runs
+    # beside interactive work: one search of the share's width (a good one, and it says so)
+    assert p.prefill == [1, 2] and p.tiers == {2: "good"}
+    assert s.live_search_rows == 8
     s.on_seqs_finished(1, 1, now_s=0.1)
-    assert s.plan(0.1).prefill == [3, 4]  # alone, bulk fills the pool
+    p = s.plan(0.1)
+    assert p.prefill == [3, 4] and p.tiers == {}  # alone, bulk searches at full width
 
 
 def test_without_a_search_pool_searches_share_the_main_rows() -> None:

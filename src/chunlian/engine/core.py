@@ -239,8 +239,10 @@ class EngineCore:
         self._release(plan.release)
         self.stats.running = self.scheduler.live_seqs
         self.idle_wait_s = None
-        for rid, tier in plan.tiers.items():  # auto requests admitted now: their mode decides
+        for rid, tier in plan.tiers.items():  # modes chosen at admission: they decide the rows
             w = self._work[rid]
+            for s in w.specs:  # a bulk search stepped down: its first expansion goes
+                self._seq_owner.pop(s.seq_id, None)
             self._assign(w, self._expand(w.req.request, tier), tier)
         if plan.has_work:
             self._step([self._work[i] for i in plan.prefill if i in self._work], plan.decode)

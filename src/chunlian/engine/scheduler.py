@@ -308,15 +308,18 @@ class Scheduler:
         return n
 
     def _search_room(self, priority: Priority) -> int:
-        """Free rows of the search pool for a request of ``priority``: bulk keeps to its
-        share of them (at least one best search) while interactive work runs or waits."""
+        """Free rows of the search pool for a request of ``priority``: while interactive work
+        runs or waits, bulk searches keep to the bulk share of the main rows (at least one
+        good search): a search row costs a step what a greedy row does."""
         room = self.cfg.beam_rows - self.live_search_rows
-        interactive = (self.waiting["interactive"] or self.live_search_rows > self.live_bulk_search_rows
-                       or self.live_seqs > self.live_bulk_seqs)
-        if priority == "bulk" and interactive:
-            share = max(bulk_rows(self.cfg.beam_rows, self.cfg.bulk_min_share), SEARCH_OF["best"].width)
+        if priority == "bulk" and self._interactive_work():
+            share = max(bulk_rows(self.cfg.max_batch_size, self.cfg.bulk_min_share), SEARCH_OF["good"].width)
             room = min(room, share - self.live_bulk_search_rows)
         return room
+
+    def _interactive_work(self) -> bool:
+        return bool(self.waiting["interactive"] or self.live_search_rows > self.live_bulk_search_rows
+                    or self.live_seqs > self.live_bulk_seqs)
 
     def _measured_wait_s(self, now_s: float) -> float:
         """The queue wait of interactive requests for the main rows: the recent admissions'
@@ -343,6 +346,8 @@ class Scheduler:
             r = q[0]
             # an auto request behind a search that waits for rows is not searched ahead of it
             tier = r.tier if r.tier is not None else self._choose(r, room, now_s, searches=not skipped)
+            if tier == "best" and r.priority == "bulk" and self._pooled(tier) and not skipped:
+                tier = self._bulk_search(r)
             rows = r.rows_as(tier)
             if self._pooled(tier):
                 if skipped or rows > self._search_room(r.priority):
@@ -356,9 +361,18 @@ class Scheduler:
             self._start(r, tier, rows, plan, now_s)
         q.extendleft(reversed(skipped))
 
+    def _bulk_search(self, r: SchedRequest) -> Served:
+        """A bulk best search that does not fit the bulk share beside interactive work runs
+        as a good one (its answer says so), so a job progresses without slowing interactive
+        answers more than its share; with the engine to itself it is searched at full width."""
+        room = self._search_room("bulk")
+        if r.rows_as("best") <= room or r.rows_as("good") > room:
+            return "best"
+        return "good"
+
     def _start(self, r: SchedRequest, tier: Served, rows: int, plan: StepPlan, now_s: float) -> None:
         auto = r.tier is None
-        if auto:
+        if r.tier != tier:  # chosen now (auto), or a bulk search stepped down
             plan.tiers[r.req_id] = tier
         r.tier, r.remaining, r.admitted_s = tier, rows, now_s
         self.running[r.req_id] = r

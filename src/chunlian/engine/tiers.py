@@ -10,6 +10,9 @@ A request asks for a ``Quality``: ``best``, ``fast`` or ``auto``. It is answered
 * ``good``: the same search at width 8, for a quarter of the rows.
 * ``fast``: greedy decoding (or sampling, when the request has a seed) of the served weights.
 
+A bulk ``best`` search that does not fit the bulk share beside interactive work runs as
+``good`` (``Scheduler._bulk_search``).
+
 ``auto`` is decided by the scheduler when the request is admitted (``choose``), from the
 queue wait it measures against the request's deadline: the best mode while requests are
 admitted promptly, a narrower search as the wait grows, greedy decoding beyond. So at light
