@@ -152,7 +152,10 @@ class OfflineGenerator:
         loaded = load_weights(model_path, device)
         runner = ModelRunner(loaded, max(capacity, beam_width), device, blocklist=blocklist)
         rescorers = tuple(load_weights(p, device) for p in rescore) if rescore_weight > 0 else ()
-        return cls(loaded, runner, HengpiSelector.from_loaded(loaded), beam_width, channel_weight,
+        # the 横批 is chosen with the rescoring weights' embeddings where there are some (the
+        # quality mode's forward weights), as the engine's best mode chooses it
+        hengpi = HengpiSelector.from_loaded(rescorers[0] if rescorers else loaded)
+        return cls(loaded, runner, hengpi, beam_width, channel_weight,
                    rescorers, rescore_weight, min(rescore_top, beam_width))
 
     @classmethod

@@ -148,10 +148,17 @@ class Front:
     access_log: Path
     cfg: NginxConfig
 
-    def limit_states(self) -> list[str]:
-        """``$limit_req_status`` of every couplet request in the access log, in order."""
-        lines = self.access_log.read_text().splitlines()
-        return [line.rsplit("limit=", 1)[1] for line in lines if "/v1/couplets" in line]
+    def limit_states(self, at_least: int = 0, wait_s: float = 5.0) -> list[str]:
+        """``$limit_req_status`` of every couplet request in the access log, in order. nginx
+        writes a request's line after sending its response, so a caller that knows how many
+        requests it made waits (up to ``wait_s``) for ``at_least`` lines."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            lines = self.access_log.read_text().splitlines()
+            states = [line.rsplit("limit=", 1)[1] for line in lines if "/v1/couplets" in line]
+            if len(states) >= at_least or time.monotonic() >= deadline:
+                return states
+            time.sleep(0.05)
 
 
 @contextmanager

@@ -174,8 +174,10 @@ def log_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def submit(client: httpx.Client, items: list[dict[str, Any]]) -> str:
-    r = client.post("/v1/jobs", json={"items": items})
+def submit(client: httpx.Client, items: list[dict[str, Any]], quality: str = "fast") -> str:
+    """A job; ``fast`` unless asked: these tests are about the jobs' machinery, which runs a
+    quality item as any other (``test_a_quality_job_runs_on_a_worker`` runs one)."""
+    r = client.post("/v1/jobs", json={"items": items, "quality": quality})
     assert r.status_code == 202, r.text
     job_id = r.json()["job_id"]
     JOB_IDS.add(job_id)

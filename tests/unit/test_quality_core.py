@@ -43,6 +43,9 @@ def test_best_is_the_offline_quality_mode_and_fast_is_greedy(core: EngineCore) -
         assert b.result is not None and f.result is not None
         assert b.result.served == "best" and f.result.served == "fast"
         assert b.result.best.lower == q.best.lower  # type: ignore[union-attr]
+        # the same 横批 and the same weights named: the search's (reverse-trained) ones
+        assert (b.result.best.hengpi, b.result.model) == (q.best.hengpi, q.model)  # type: ignore[union-attr]
+        assert "@rev-" in b.result.model and "@rev-" not in f.result.model
         assert f.result.best.lower == g.best.lower  # type: ignore[union-attr]
     assert core.runner.n_live == 0 and core.search_runner is not None and core.search_runner.n_live == 0
 

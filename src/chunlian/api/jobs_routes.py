@@ -3,8 +3,9 @@
 * ``POST /v1/jobs`` ``{"items": [...]}`` (1 to 10,000 ``/v1/couplets`` or
   ``/v1/couplets/compose`` bodies) → ``202 {"job_id", "status", "total"}``; every item is
   validated first, the first bad one makes it a 422 naming it (``items.7.upper``).
-  ``"quality": true`` answers every item in the offline quality mode (``jobs.quality``:
-  closer to real couplets, about five times slower; 上联 items with n = 1 and no seed).
+  ``"quality"`` is ``best`` by default (``true`` and ``auto`` say the same): the items the
+  quality mode can answer (上联 items with n = 1 and no seed) are searched (``jobs.quality``),
+  the others written fast; ``fast`` (or ``false``) writes every item fast.
 * ``GET /v1/jobs/{id}?offset=0&limit=100`` → status, progress and one page of results
   (an entry per item index: done with its couplet, failed with its error, cancelled, or
   pending).

@@ -85,7 +85,7 @@ class EngineCore:
     def __init__(
         self, config: EngineConfig, runner: Runner, hengpi: HengpiChooser | None = None,
         model_tag: str = "chunlian-couplet@dev", rescorer: Rescorer | None = None,
-        search_runner: Runner | None = None,
+        search_runner: Runner | None = None, search_tag: str | None = None,
     ) -> None:
         if config.max_batch_size > runner.capacity:
             raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {config.max_batch_size}")
@@ -99,6 +99,8 @@ class EngineCore:
             r.padded_batches = config.batching == "static"
         self.hengpi = hengpi
         self.model_tag = model_tag
+        # a searched answer names the weights that wrote it (the search runner's, when there is one)
+        self.search_tag = search_tag or model_tag
         self.rescorer = rescorer
         self.scheduler = Scheduler(SchedulerConfig(
             max_batch_size=config.max_batch_size, max_wait_ms=config.max_wait_ms,
@@ -130,14 +132,15 @@ class EngineCore:
         log.info("loaded %s on %s", loaded.tag, config.device)
         runner = ModelRunner(loaded, capacity=config.max_batch_size, device=config.device,
                              threads=config.torch_threads, blocklist=config.blocklist)
-        search, rescorer = None, None
+        search, rescorer, search_tag = None, None, None
         if config.beam_rows > 0:  # the quality modes: the search weights, reranked by both
             searching = load_weights(config.search_model_path or QUALITY_WEIGHTS, config.device)
             log.info("loaded %s on %s for the quality modes", searching.tag, config.device)
             search = ModelRunner(searching, capacity=config.beam_rows, device=config.device,
                                  threads=config.torch_threads, blocklist=config.blocklist)
             rescorer = Rescorer(searching, (loaded,))
-        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag, rescorer, search)
+            search_tag = searching.tag
+        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag, rescorer, search, search_tag)
 
     def bind_thread(self) -> None:
         """Called on the stepping thread before its first step (``ModelRunner.bind_thread``)."""
@@ -357,7 +360,8 @@ class EngineCore:
                 SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in out.beams]
             outputs = _distinct(outputs)[: req.params.n]
         try:
-            result = replace(build_result(req, outputs, self.hengpi, self.model_tag, ranked=searched),
+            tag = self.search_tag if searched else self.model_tag
+            result = replace(build_result(req, outputs, self.hengpi, tag, ranked=searched),
                              served=served_of(req, w.tier))
         except ChunlianError as e:
             self._end(w, error=e)

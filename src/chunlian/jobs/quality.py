@@ -17,7 +17,6 @@ no seed) are marked at submission; the others are written fast.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -75,28 +74,3 @@ def run_when_idle() -> bool:
         return False
     return True
 
-
-# ---- the embedded mode's child process ---------------------------------------------------------
-_child_model: QualityModel | None = None
-
-
-def _child_init(settings_dump: dict[str, Any]) -> None:
-    from chunlian.config import load_settings
-    from chunlian.omp import set_spin_wait
-
-    global _child_model
-    settings = load_settings(**settings_dump)
-    with contextlib.suppress(OSError):
-        # below the engine (ENGINE_NICE) as a worker is below the service: interactive work first
-        os.nice(min(19, settings.engine_nice + settings.worker_nice))
-    run_when_idle()
-    set_spin_wait(settings.omp_spin, shared=True)  # before torch loads: it shares the cores
-    import torch
-
-    torch.set_num_threads(1)
-    _child_model = QualityModel(settings.resolved_device(), settings.generation_blocklist())
-
-
-def _child_run(specs: list[Spec]) -> list[Answer]:
-    assert _child_model is not None
-    return _child_model.run(specs)
