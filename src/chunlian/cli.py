@@ -318,7 +318,8 @@ def _add_warmup(sub: Any) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog="chunlian", description="Spring Festival couplets (春联)")
     sub = ap.add_subparsers(dest="command", required=True)
-    for add in (_add_generate, _add_compose, training_cli.register_data, training_cli.register_train, _add_eval, _add_serve, _add_warmup,
+    for add in (_add_generate, _add_compose, training_cli.register_data, training_cli.register_distill,
+                training_cli.register_train, _add_eval, _add_serve, _add_warmup,
                 bench_cli.register, jobs_cli.register, cluster_cli.register):
         add(sub)
     return ap

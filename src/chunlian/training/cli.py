@@ -1,4 +1,5 @@
-"""``chunlian data`` and ``chunlian train``: the corpora prepared, the model trained."""
+"""``chunlian data``, ``chunlian distill`` and ``chunlian train``: the corpora prepared, the
+quality mode's answers written for distillation, the model trained."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         name: getattr(args, name)
         for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs", "dropout",
                      "augment_reverse", "ema_decay", "rebuild_vocab", "n_layer", "n_head", "d_model", "d_ff",
-                     "version_prefix", "max_steps")
+                     "version_prefix", "max_steps", "distilled")
         if getattr(args, name) is not None  # given on the command line (0 included)
     }
     try:
@@ -121,5 +122,40 @@ def register_train(sub: Any) -> None:
                    help="the exported version is this plus the step count (default 'step')")
     t.add_argument("--ema-decay", type=float, default=None,
                    help="also keep an exponential moving average of the weights (e.g. 0.999): ema.safetensors")
+    t.add_argument("--distilled", default=None,
+                   help="also train on a distillation set (chunlian distill: a folder of shards or one"
+                        " shard's file) as the source 'distilled' (give it a share in --mix)")
     add_no_progress(t, old_quiet=True)
     t.set_defaults(fn=cmd_train)
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    from chunlian.model.device import resolve_device
+    from chunlian.training.distill import Shard, distill
+
+    try:
+        shard = Shard.parse(args.shard)
+        sources = tuple(filter(None, (x.strip() for x in args.sources.split(","))))
+        manifest = distill(Path(args.data), Path(args.out_dir), args.count, shard, seed=args.seed,
+                           chunk=args.chunk, sources=sources, device=resolve_device(args.device), progress=not args.no_progress)
+    except ValueError as e:
+        return fail(str(e))
+    dump(manifest)
+    return 0
+
+
+def register_distill(sub: Any) -> None:
+    """Add ``chunlian distill``."""
+    d = sub.add_parser("distill", help="write the quality mode's answers for training lines (a distillation set)")
+    d.add_argument("--data", default="runs/data", help="output of 'chunlian data' (default runs/data)")
+    d.add_argument("--out-dir", default="runs/distill", help="where the shards go (default runs/distill)")
+    d.add_argument("--count", type=int, required=True, help="training 上联s in the whole set (all shards)")
+    d.add_argument("--shard", default="0/1",
+                   help="k/n: this process writes every n-th line from the k-th (one process a core; default 0/1)")
+    d.add_argument("--sources", default="",
+                   help="comma-separated sources to sample 上联s from, e.g. modern,more_modern,wb14123 (default: all)")
+    d.add_argument("--seed", type=int, default=0, help="the sample's seed (the same for every shard; default 0)")
+    d.add_argument("--chunk", type=int, default=64, help="lines written (and resumable) at a time (default 64)")
+    add_device(d, "the quality mode")
+    add_no_progress(d)
+    d.set_defaults(fn=cmd_distill)

@@ -29,6 +29,7 @@ from chunlian.model.styles import derive_style
 from chunlian.model.tokenizer import REVERSED_TOKEN, Tokenizer
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
 from chunlian.training.batches import REVERSED, Buckets, encode_batch, reversed_pairs
+from chunlian.training.distill import read_distilled
 from chunlian.training.ema import EmaWeights
 from chunlian.training.warmstart import grown
 
@@ -86,6 +87,9 @@ class TrainConfig:
     # exponential moving average of the weights (0: off), exported as ema.safetensors next
     # to the last and best weights; its validation loss is logged beside the model's
     ema_decay: float = 0.0
+    # a distillation set (training/distill.py: a shard's file or a folder of shards), trained
+    # on as the source "distilled" (give it a share in mix)
+    distilled: str | None = None
 
     def __post_init__(self) -> None:
         if self.budget_cpu_s < 0 or self.stop_cpu_s < 0:
@@ -215,6 +219,8 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         forward = read_pairs(Path(cfg.data_dir) / "train.tsv")  # the vocabulary counts each pair once
         self.train_pairs = forward + (reversed_pairs(forward) if cfg.augment_reverse else [])
+        if cfg.distilled:
+            self.train_pairs += read_distilled(Path(cfg.distilled))
         self.vals = val_splits(Path(cfg.data_dir), cfg.eval_pairs, cfg.seed)
         self.ckpt_path = self.out / "ckpt.pt"
         state = torch.load(self.ckpt_path, map_location="cpu", weights_only=False) \

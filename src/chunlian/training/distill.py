@@ -1,0 +1,153 @@
+"""A distillation set: the quality mode's best 下联 for a sample of training 上联s
+(sequence-level knowledge distillation, Kim & Rush 2016: a student trained on its teacher's
+beam outputs).
+
+``chunlian distill --data runs/data --out-dir runs/distill --count 200000 --shard 0/2``
+
+* The sample is drawn from ``train.tsv`` with a fixed seed: every shard and every resumed run
+  sees the same order, and shard ``k`` of ``n`` takes every ``n``-th 上联 from the ``k``-th.
+  An 上联 that also opens a validation pair is never taken.
+* The teacher is ``OfflineGenerator.load_quality``: the engine's best mode (``QUALITY``:
+  the reverse-trained weights' beam reranked by channel and forward scores). Requests are
+  plain ones (the default style, no zodiac rule), as ``chunlian eval`` asks them.
+* Each finished chunk is appended to ``distilled-<k>of<n>.tsv`` (the columns of
+  ``train.tsv``, ``source`` = ``distilled``) and flushed, and the shard's manifest
+  (``distilled-<k>of<n>.json``: preset, weights, seed, counts, lines/s) rewritten: a
+  killed run loses one chunk at most, and the same command resumes after the rows on disk.
+
+``chunlian train --distilled runs/distill`` adds the rows as the source ``distilled``
+(``--mix distilled=0.5,...``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from chunlian.data.corpus import Pair, read_pairs
+
+DISTILLED = "distilled"  # the source name of distilled rows
+FIELDS = ("upper", "lower", "register", "source")
+
+
+@dataclass(frozen=True)
+class Shard:
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """``k/n`` -> Shard(k, n); ValueError naming the form."""
+        k, sep, n = text.partition("/")
+        try:
+            shard = cls(int(k), int(n))
+        except ValueError:
+            raise ValueError(f"--shard wants k/n with 0 <= k < n, got {text!r}") from None
+        if not sep or not 0 <= shard.index < shard.count:
+            raise ValueError(f"--shard wants k/n with 0 <= k < n, got {text!r}")
+        return shard
+
+    @property
+    def name(self) -> str:
+        return f"{DISTILLED}-{self.index}of{self.count}"
+
+
+def sample_uppers(data_dir: Path, count: int, seed: int, sources: tuple[str, ...] = ()) -> list[Pair]:
+    """``count`` training pairs (of ``sources``, or of every source) with distinct 上联s, none
+    of which opens a validation pair, in a seeded random order (the gold 下联 is not used)."""
+    val = {p.upper for path in sorted(data_dir.glob("val*.tsv")) for p in read_pairs(path)}
+    if not val:
+        raise ValueError(f"no validation split in {data_dir}: run 'chunlian data' first")
+    seen: set[str] = set()
+    pool: list[Pair] = []
+    for p in read_pairs(data_dir / "train.tsv"):
+        if p.upper not in seen and p.upper not in val and (not sources or p.source in sources):
+            seen.add(p.upper)
+            pool.append(p)
+    if not pool:
+        raise ValueError(f"train.tsv in {data_dir} holds no pairs of {', '.join(sources)}")
+    random.Random(seed).shuffle(pool)
+    return pool[:count]
+
+
+def rows_on_disk(path: Path) -> int:
+    """Data rows already written to ``path`` (0 when it does not exist)."""
+    if not path.exists():
+        return 0
+    with path.open(encoding="utf-8") as f:
+        return max(0, sum(1 for _ in f) - 1)
+
+
+def chunks(items: list[Pair], size: int) -> Iterator[list[Pair]]:
+    for k in range(0, len(items), size):
+        yield items[k:k + size]
+
+
+def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int = 0, chunk: int = 64,
+            sources: tuple[str, ...] = (), device: str = "cpu", capacity: int = 256,
+            progress: bool = True) -> dict[str, Any]:
+    """Write (or go on writing) one shard of the set; returns its manifest."""
+    from tqdm import tqdm
+
+    from chunlian.data.blocklist import default_blocklist
+    from chunlian.engine.tiers import BEST
+    from chunlian.errors import ChunlianError
+    from chunlian.offline import OfflineGenerator
+    from chunlian.types import CoupletRequest
+
+    if count < 1 or chunk < 1:
+        raise ValueError(f"--count and --chunk must be at least 1, got {count} and {chunk}")
+    mine = sample_uppers(data_dir, count, seed, sources)[shard.index::shard.count]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tsv, meta = out_dir / f"{shard.name}.tsv", out_dir / f"{shard.name}.json"
+    done = rows_on_disk(tsv)
+    manifest: dict[str, Any] = json.loads(meta.read_text()) if meta.exists() else {"failed": 0, "seconds": 0.0}
+    gen = OfflineGenerator.load_quality(device, capacity, default_blocklist())
+    manifest.update({
+        "what": "the quality mode's best 下联 for training 上联s (sequence-level distillation)",
+        "preset": asdict(BEST), "search_weights": gen.loaded.tag,
+        "rescore_weights": [m.tag for m in gen.rescorers], "data": str(data_dir), "sources": list(sources) or "all", "seed": seed,
+        "count": count, "shard": f"{shard.index}/{shard.count}", "shard_items": len(mine),
+    })
+    bar = tqdm(total=len(mine), initial=min(done, len(mine)), unit="line", disable=not progress)
+    with tsv.open("a", encoding="utf-8", newline="") as f:
+        w = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n")
+        if done == 0:
+            w.writerow(FIELDS)
+        # rows on disk are this shard's first ones, in order; a failed line is skipped and
+        # counted, so the position to resume from is rows + failures
+        start = done + int(manifest["failed"])
+        rows = done
+        for part in chunks(mine[start:], chunk):
+            t0 = time.perf_counter()
+            results = gen.generate([CoupletRequest(upper=p.upper) for p in part])
+            for p, r in zip(part, results, strict=True):
+                if isinstance(r, ChunlianError):
+                    manifest["failed"] += 1
+                else:
+                    w.writerow((p.upper, r.best.lower, p.register, DISTILLED))
+                    rows += 1
+            f.flush()
+            manifest["seconds"] = round(manifest["seconds"] + time.perf_counter() - t0, 2)
+            manifest["rows"] = rows
+            manifest["lines_per_s"] = round((manifest["rows"] + manifest["failed"]) / max(manifest["seconds"], 1e-9), 3)
+            meta.write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n")
+            bar.update(len(part))
+    bar.close()
+    manifest["rows"] = rows_on_disk(tsv)
+    meta.write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n")
+    return manifest
+
+
+def read_distilled(path: Path) -> list[Pair]:
+    """The rows of a distillation set: one shard's file, or every shard in a folder."""
+    files = sorted(path.glob(f"{DISTILLED}-*.tsv")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise ValueError(f"no distillation set at {path} (chunlian distill writes one)")
+    return [Pair(p.upper, p.lower, p.register, DISTILLED) for f in files for p in read_pairs(f)]
