@@ -390,3 +390,12 @@ def test_engine_bench_sequential_sample_has_the_mix_lengths() -> None:
     assert sum(map(len, mix[:100])) / 100 < 0.8 * mean_mix  # what the old prefix measured
     assert max(map(len, sample)) > 20 and min(map(len, sample)) <= 5
     assert length_sample(mix[:10], 100) == mix[:10]
+
+
+def test_percentile_is_the_nearest_rank_of_the_sorted_sample() -> None:
+    from chunlian.bench.common import percentile
+
+    xs = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert [percentile(xs, q) for q in (0, 25, 50, 75, 100)] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert percentile(list(range(1, 101)), 99) == 99  # round(0.99 * 99) = 98: the 99th value
+    assert percentile([7.0], 99) == 7.0 and percentile([], 50) == 0.0

@@ -103,7 +103,7 @@ def register_train(sub: Any) -> None:
                    help="also train on every modern pair the other way round (register <r:reversed>)")
     t.add_argument("--mix", default=None,
                    help="share of batches per source, e.g. modern=0.3,wb14123=0.47,classical=0.15"
-                        " (sources: modern, classical, more_modern, wb14123, reversed); the sources"
+                        " (sources: modern, classical, more_modern, wb14123, reversed, distilled); the sources"
                         " not named share the rest by size (default classical=0.3)")
     t.add_argument("--budget-cpu-min", type=float, default=None,
                    help="the schedule's length in process CPU minutes (all threads) instead of steps:"
