@@ -28,12 +28,11 @@ COMMANDS = dict(_commands(build_parser()))
 
 
 def test_every_command_is_registered() -> None:
-    for name in ("generate", "compose", "data", "train", "eval", "serve", "warmup", "worker", "cluster",
-                 "jobs", "bench"):
+    for name in ("generate", "compose", "data", "distill", "train", "eval", "serve", "warmup", "worker",
+                 "cluster", "jobs", "bench"):
         assert (name,) in COMMANDS
     for name in ("engine", "service", "http", "sweep", "compare"):
         assert ("bench", name) in COMMANDS
-    assert ("distill",) not in COMMANDS
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS), ids=" ".join)
