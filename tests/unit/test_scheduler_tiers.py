@@ -120,3 +120,20 @@ def test_auto_gets_no_search_while_more_rows_wait_than_are_free() -> None:
         s.on_seqs_finished(i, 1, now_s=0.05)
     p = s.plan(0.05)  # the 4 left fit: no backlog, a short wait
     assert p.tiers == {8: "best", 9: "best", 10: "fast", 11: "fast"}
+
+
+def test_auto_gets_no_search_while_a_quarter_of_the_main_rows_are_live() -> None:
+    """A closed-loop peak admits everything at once (no wait, no backlog), yet its greedy rows
+    keep the cores busy: from ``busy_share`` of the main rows live, auto is fast."""
+    s = sched(max_batch_size=16)  # busy from 4 live rows
+    for i in range(3):
+        s.add(req(i, "fast"))
+    s.plan(0.0)
+    s.add(req(10, None))
+    assert s.plan(0.0).tiers == {10: "best"}  # 3 of 16 live
+    s.add(req(11, "fast"))
+    s.plan(0.0)
+    s.add(req(12, None))
+    assert s.plan(0.0).tiers == {12: "fast"}  # 4 of 16 live
+    with pytest.raises(ValueError, match="busy_share"):
+        StepDown(0.02, busy_share=0.0)

@@ -333,9 +333,11 @@ class Scheduler:
     def _choose(self, r: SchedRequest, room: int, now_s: float, searches: bool = True) -> Served:
         """The mode of an ``auto`` request admitted now (``StepDown.choose``)."""
         free = (self._search_room(r.priority) if self.cfg.beam_rows > 0 else room) if searches else 0
-        return self.cfg.step_down.choose(
+        step_down = self.cfg.step_down
+        backlog = self._backlog or step_down.busy(self.live_seqs, self.cfg.max_batch_size)
+        return step_down.choose(
             wait_s=self._measured_wait_s(now_s), timeout_s=r.deadline_s - r.arrival_s,
-            left_s=r.deadline_s - now_s, free_rows=free, service_s=self.service_s, backlog=self._backlog)
+            left_s=r.deadline_s - now_s, free_rows=free, service_s=self.service_s, backlog=backlog)
 
     def _take(self, q: deque[SchedRequest], room: int, plan: StepPlan, now_s: float) -> None:
         """Admit from ``q`` in order while its head fits: greedy rows from ``room``, searches

@@ -68,13 +68,24 @@ class StepDown:
     pool has free (a saturated engine: every search row taken then is a greedy answer less).
     A search is chosen only without a backlog, when the wait is at most its share of the
     request's whole timeout (``wait_share`` for the best mode, twice that for ``good``), its
-    rows are free, and its recent service time fits in what is left of the deadline."""
+    rows are free, and its recent service time fits in what is left of the deadline.
+
+    ``busy_share``: the main pool counts as a backlog once this share of its rows is live. A
+    closed-loop peak admits every request at once, so it never waits, yet its greedy rows
+    keep the cores busy: a search's rows then cost greedy answers as they do in a backlog."""
 
     wait_share: float = 0.02
+    busy_share: float = 0.25
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.wait_share <= 1.0:
             raise ValueError(f"wait_share must be between 0 and 1, got {self.wait_share}")
+        if not 0.0 < self.busy_share <= 1.0:
+            raise ValueError(f"busy_share must be above 0 and at most 1, got {self.busy_share}")
+
+    def busy(self, live_rows: int, max_rows: int) -> bool:
+        """Whether the main pool is busy enough to count as a backlog."""
+        return live_rows >= self.busy_share * max_rows
 
     def choose(self, *, wait_s: float, timeout_s: float, left_s: float, free_rows: int,
                service_s: dict[str, float], backlog: bool = False) -> Served:
