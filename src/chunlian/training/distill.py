@@ -13,7 +13,8 @@ beam outputs).
 * Each finished chunk is appended to ``distilled-<k>of<n>.tsv`` (the columns of
   ``train.tsv``, ``source`` = ``distilled``) and flushed, and the shard's manifest
   (``distilled-<k>of<n>.json``: preset, weights, seed, counts, lines/s) rewritten: a
-  killed run loses one chunk at most, and the same command resumes after the rows on disk.
+  killed run loses one chunk at most, and the same command resumes with the lines the file
+  does not hold yet.
 
 ``chunlian train --distilled runs/distill`` adds the rows as the source ``distilled``
 (``--mix distilled=0.5,...``).
@@ -76,12 +77,9 @@ def sample_uppers(data_dir: Path, count: int, seed: int, sources: tuple[str, ...
     return pool[:count]
 
 
-def rows_on_disk(path: Path) -> int:
-    """Data rows already written to ``path`` (0 when it does not exist)."""
-    if not path.exists():
-        return 0
-    with path.open(encoding="utf-8") as f:
-        return max(0, sum(1 for _ in f) - 1)
+def written_uppers(path: Path) -> set[str]:
+    """The 上联s already answered in ``path`` (none when it does not exist)."""
+    return {p.upper for p in read_pairs(path)} if path.exists() else set()
 
 
 def chunks(items: list[Pair], size: int) -> Iterator[list[Pair]]:
@@ -106,25 +104,25 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
     mine = sample_uppers(data_dir, count, seed, sources)[shard.index::shard.count]
     out_dir.mkdir(parents=True, exist_ok=True)
     tsv, meta = out_dir / f"{shard.name}.tsv", out_dir / f"{shard.name}.json"
-    done = rows_on_disk(tsv)
+    done = written_uppers(tsv)
+    # the sample's 上联s are distinct, so what is left is what the file does not hold yet (a
+    # line that failed in an earlier run is tried again)
+    todo = [p for p in mine if p.upper not in done]
     manifest: dict[str, Any] = json.loads(meta.read_text()) if meta.exists() else {"failed": 0, "seconds": 0.0}
     gen = OfflineGenerator.load_quality(device, capacity, default_blocklist())
     manifest.update({
         "what": "the quality mode's best 下联 for training 上联s (sequence-level distillation)",
         "preset": asdict(BEST), "search_weights": gen.loaded.tag,
-        "rescore_weights": [m.tag for m in gen.rescorers], "data": str(data_dir), "sources": list(sources) or "all", "seed": seed,
-        "count": count, "shard": f"{shard.index}/{shard.count}", "shard_items": len(mine),
+        "rescore_weights": [m.tag for m in gen.rescorers], "data": str(data_dir), "sources": list(sources) or "all",
+        "seed": seed, "count": count, "shard": f"{shard.index}/{shard.count}", "shard_items": len(mine),
+        "rows": len(done),
     })
-    bar = tqdm(total=len(mine), initial=min(done, len(mine)), unit="line", disable=not progress)
+    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), unit="line", disable=not progress)
     with tsv.open("a", encoding="utf-8", newline="") as f:
         w = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n")
-        if done == 0:
+        if not done:
             w.writerow(FIELDS)
-        # rows on disk are this shard's first ones, in order; a failed line is skipped and
-        # counted, so the position to resume from is rows + failures
-        start = done + int(manifest["failed"])
-        rows = done
-        for part in chunks(mine[start:], chunk):
+        for part in chunks(todo, chunk):
             t0 = time.perf_counter()
             results = gen.generate([CoupletRequest(upper=p.upper) for p in part])
             for p, r in zip(part, results, strict=True):
@@ -132,16 +130,13 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
                     manifest["failed"] += 1
                 else:
                     w.writerow((p.upper, r.best.lower, p.register, DISTILLED))
-                    rows += 1
+                    manifest["rows"] += 1
             f.flush()
             manifest["seconds"] = round(manifest["seconds"] + time.perf_counter() - t0, 2)
-            manifest["rows"] = rows
             manifest["lines_per_s"] = round((manifest["rows"] + manifest["failed"]) / max(manifest["seconds"], 1e-9), 3)
             meta.write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n")
             bar.update(len(part))
     bar.close()
-    manifest["rows"] = rows_on_disk(tsv)
-    meta.write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n")
     return manifest
 
 
