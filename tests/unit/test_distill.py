@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from chunlian.training.batches import Buckets
-from chunlian.training.distill import DISTILLED, Shard, distill, read_distilled, sample_uppers
+from chunlian.training.distill import (
+    DISTILLED,
+    NBEST_SEP,
+    Shard,
+    distill,
+    nearest,
+    overlap,
+    read_distilled,
+    sample_uppers,
+)
 from chunlian.training.train import TrainConfig, train
 
 TRAIN = [("春回大地千山秀", "福满人间万户春", "wb14123"), ("天增岁月人增寿", "春满乾坤福满门", "modern"),
@@ -62,13 +71,20 @@ def test_shards_split_the_sample_and_a_second_run_goes_on_after_the_rows_on_disk
             for k in (0, 1)}
     sample = [p.upper for p in sample_uppers(d, 5, 0)]
     assert [r["upper"] for r in rows[0]] == sample[0::2] and [r["upper"] for r in rows[1]] == sample[1::2]
+    gold = {u: lo for u, lo, _ in TRAIN[:-1]}
     for r in rows[0] + rows[1]:
         assert len(r["lower"]) == len(r["upper"]) and r["source"] == DISTILLED
+        nbest = r["nbest"].split(NBEST_SEP)  # the reranked search's lines, best first
+        assert r["gold"] == gold[r["upper"]] and nbest[0] == r["lower"] and len(set(nbest)) == len(nbest) > 1
     manifest = json.loads((out / "distilled-0of2.json").read_text(encoding="utf-8"))
     assert manifest["rows"] == 3 and manifest["shard"] == "0/2" and manifest["rescore_weights"]
     # the trainer reads every shard as the source "distilled", which a mix can weigh
     pairs = read_distilled(out)
     assert len(pairs) == 5 and {p.source for p in pairs} == {DISTILLED}
+    near = read_distilled(out, "nearest")
+    assert [p.upper for p in near] == [p.upper for p in pairs]
+    for p, r in zip(near, rows[0] + rows[1], strict=True):
+        assert p.lower == nearest(r["gold"], r["nbest"].split(NBEST_SEP))
     assert Buckets(pairs, {DISTILLED: 1.0}, random.Random(0)).shares == {DISTILLED: 1.0}
     cfg = TrainConfig(data_dir=str(d), out_dir=str(tmp_path / "t"), export_path=str(tmp_path / "t" / "w.safetensors"),
                       max_steps=2, batch_pairs=4, warmup_steps=1, eval_every=2, ckpt_every=2, eval_pairs=1,
@@ -76,3 +92,23 @@ def test_shards_split_the_sample_and_a_second_run_goes_on_after_the_rows_on_disk
     assert train(cfg, progress=False)["steps"] == 2
     with pytest.raises(ValueError, match="no distillation set"):
         read_distilled(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="one of best, nearest"):
+        read_distilled(out, "worst")
+
+
+def test_nearest_takes_the_nbest_line_sharing_most_with_the_gold_one_the_higher_ranked_on_a_tie() -> None:
+    assert overlap("春满乾坤福满门", "春满人间福满门") == 5 + 3  # 春 满 满 福 门; 春满 福满 满门
+    assert overlap("花开富贵", "竹报平安") == 0
+    assert nearest("竹报平安", ["花开富贵", "竹报福安", "竹报平和"]) == "竹报平和"  # 3 + 2 against 3 + 1
+    assert nearest("竹报平安", ["花开富贵", "草木春深"]) == "花开富贵"  # nothing shared: the best
+    assert nearest("竹报平安", ["竹开富贵", "花报富贵"]) == "竹开富贵"
+
+
+def test_a_set_without_the_nbest_columns_is_read_for_its_best_lines_only(tmp_path: Path) -> None:
+    f = tmp_path / "distilled-0of1.tsv"
+    f.write_text("upper\tlower\tregister\tsource\n花开富贵\t竹报平安\tmodern\tdistilled\n", encoding="utf-8")
+    assert [p.lower for p in read_distilled(f)] == ["竹报平安"]
+    with pytest.raises(ValueError, match="no gold and n-best columns"):
+        read_distilled(f, "nearest")
+    with pytest.raises(ValueError, match="distilled_target"):
+        TrainConfig(data_dir="d", out_dir="o", export_path="w", distilled_target="worst")

@@ -51,7 +51,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         name: getattr(args, name)
         for name in ("bf16", "init_from", "step_offset", "lr_max", "warmup_steps", "batch_pairs", "dropout",
                      "augment_reverse", "ema_decay", "rebuild_vocab", "n_layer", "n_head", "d_model", "d_ff",
-                     "version_prefix", "max_steps", "distilled")
+                     "version_prefix", "max_steps", "distilled", "distilled_target")
         if getattr(args, name) is not None  # given on the command line (0 included)
     }
     try:
@@ -125,6 +125,9 @@ def register_train(sub: Any) -> None:
     t.add_argument("--distilled", default=None,
                    help="also train on a distillation set (chunlian distill: a folder of shards or one"
                         " shard's file) as the source 'distilled' (give it a share in --mix)")
+    t.add_argument("--distilled-target", choices=("best", "nearest"), default=None,
+                   help="what a distilled row teaches: the quality mode's best line (default), or its"
+                        " n-best line nearest the gold 下联 (sequence-level interpolation)")
     add_no_progress(t, old_quiet=True)
     t.set_defaults(fn=cmd_train)
 

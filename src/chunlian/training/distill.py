@@ -11,13 +11,15 @@ beam outputs).
   the reverse-trained weights' beam reranked by channel and forward scores). Requests are
   plain ones (the default style, no zodiac rule), as ``chunlian eval`` asks them.
 * Each finished chunk is appended to ``distilled-<k>of<n>.tsv`` (the columns of
-  ``train.tsv``, ``source`` = ``distilled``) and flushed, and the shard's manifest
+  ``train.tsv`` with the teacher's best line as ``lower`` and ``source`` = ``distilled``, then
+  the gold 下联 and the search's ``NBEST`` reranked lines) and flushed, and the shard's manifest
   (``distilled-<k>of<n>.json``: preset, weights, seed, counts, lines/s) rewritten: a
   killed run loses one chunk at most, and the same command resumes with the lines the file
   does not hold yet.
 
 ``chunlian train --distilled runs/distill`` adds the rows as the source ``distilled``
-(``--mix distilled=0.5,...``).
+(``--mix distilled=0.5,...``); ``--distilled-target nearest`` teaches each row's n-best line
+nearest its gold one instead of the best (Kim & Rush's sequence-level interpolation).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import csv
 import json
 import random
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +37,10 @@ from typing import Any
 from chunlian.data.corpus import Pair, read_pairs
 
 DISTILLED = "distilled"  # the source name of distilled rows
-FIELDS = ("upper", "lower", "register", "source")
+NBEST = 8  # the reranked search's best lines kept a row (asking for them costs no search time)
+# train.tsv's columns (``lower``: the teacher's best line), then the gold 下联 and the n-best
+FIELDS = ("upper", "lower", "register", "source", "gold", "nbest")
+NBEST_SEP = "|"
 
 
 @dataclass(frozen=True)
@@ -87,8 +93,11 @@ def chunks(items: list[Pair], size: int) -> Iterator[list[Pair]]:
         yield items[k:k + size]
 
 
+# 64 rows (two width-32 searches at a time) is the fastest pool on one core: 6.5 lines/s against
+# 4.9 with 256 rows (AMD EPYC, 1 thread, 64 wb14123 lines), as the KV copy after each beam
+# step grows with the pool
 def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int = 0, chunk: int = 64,
-            sources: tuple[str, ...] = (), device: str = "cpu", capacity: int = 256,
+            sources: tuple[str, ...] = (), device: str = "cpu", capacity: int = 64,
             progress: bool = True) -> dict[str, Any]:
     """Write (or go on writing) one shard of the set; returns its manifest."""
     from tqdm import tqdm
@@ -97,7 +106,7 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
     from chunlian.engine.tiers import BEST
     from chunlian.errors import ChunlianError
     from chunlian.offline import OfflineGenerator
-    from chunlian.types import CoupletRequest
+    from chunlian.types import CoupletRequest, DecodeParams
 
     if count < 1 or chunk < 1:
         raise ValueError(f"--count and --chunk must be at least 1, got {count} and {chunk}")
@@ -115,8 +124,9 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
         "preset": asdict(BEST), "search_weights": gen.loaded.tag,
         "rescore_weights": [m.tag for m in gen.rescorers], "data": str(data_dir), "sources": list(sources) or "all",
         "seed": seed, "count": count, "shard": f"{shard.index}/{shard.count}", "shard_items": len(mine),
-        "rows": len(done),
+        "rows": len(done), "nbest": NBEST, "columns": list(FIELDS),
     })
+    params = DecodeParams(n=NBEST, beam=gen.beam_params())
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), unit="line", disable=not progress)
     with tsv.open("a", encoding="utf-8", newline="") as f:
         w = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n")
@@ -124,12 +134,14 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
             w.writerow(FIELDS)
         for part in chunks(todo, chunk):
             t0 = time.perf_counter()
-            results = gen.generate([CoupletRequest(upper=p.upper) for p in part])
-            for p, r in zip(part, results, strict=True):
-                if isinstance(r, ChunlianError):
+            outs = gen.run([CoupletRequest(upper=p.upper, params=params) for p in part])
+            for p, o in zip(part, outs, strict=True):
+                r = o.result
+                if r is None or isinstance(r, ChunlianError):
                     manifest["failed"] += 1
                 else:
-                    w.writerow((p.upper, r.best.lower, p.register, DISTILLED))
+                    nbest = NBEST_SEP.join(c.lower for c in (r.candidates or (r.best,)))
+                    w.writerow((p.upper, r.best.lower, p.register, DISTILLED, p.lower, nbest))
                     manifest["rows"] += 1
             f.flush()
             manifest["seconds"] = round(manifest["seconds"] + time.perf_counter() - t0, 2)
@@ -140,9 +152,40 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
     return manifest
 
 
-def read_distilled(path: Path) -> list[Pair]:
-    """The rows of a distillation set: one shard's file, or every shard in a folder."""
+def overlap(a: str, b: str) -> int:
+    """Shared characters plus shared character bigrams (clipped counts): how close a line is
+    to another, as BLEU-2 counts it."""
+    def grams(s: str, n: int) -> Counter[str]:
+        return Counter(s[k:k + n] for k in range(len(s) - n + 1))
+    return sum(sum((grams(a, n) & grams(b, n)).values()) for n in (1, 2))
+
+
+def nearest(gold: str, nbest: list[str]) -> str:
+    """The n-best line closest to the gold one, the higher-ranked on a tie (Kim & Rush's
+    sequence-level interpolation: a teacher's line that keeps what the reference says)."""
+    return max(enumerate(nbest), key=lambda kv: (overlap(kv[1], gold), -kv[0]))[1]
+
+
+TARGETS = ("best", "nearest")
+
+
+def read_distilled(path: Path, target: str = "best") -> list[Pair]:
+    """The rows of a distillation set (one shard's file, or every shard in a folder), each
+    with the teacher's best line, or with its n-best line nearest the gold one (``nearest``;
+    needs the set's ``gold`` and ``nbest`` columns)."""
+    if target not in TARGETS:
+        raise ValueError(f"the distilled target is one of {', '.join(TARGETS)}, got {target!r}")
     files = sorted(path.glob(f"{DISTILLED}-*.tsv")) if path.is_dir() else [path]
     if not files or not all(f.is_file() for f in files):
         raise ValueError(f"no distillation set at {path} (chunlian distill writes one)")
-    return [Pair(p.upper, p.lower, p.register, DISTILLED) for f in files for p in read_pairs(f)]
+    rows: list[Pair] = []
+    for f in files:
+        with f.open(encoding="utf-8", newline="") as fh:
+            for r in csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE):
+                lower = r["lower"]
+                if target == "nearest":
+                    if not r.get("gold") or not r.get("nbest"):
+                        raise ValueError(f"{f} holds no gold and n-best columns: only --distilled-target best reads it")
+                    lower = nearest(r["gold"], r["nbest"].split(NBEST_SEP))
+                rows.append(Pair(r["upper"], lower, r.get("register") or "modern", DISTILLED))
+    return rows

@@ -29,7 +29,7 @@ from chunlian.model.styles import derive_style
 from chunlian.model.tokenizer import REVERSED_TOKEN, Tokenizer
 from chunlian.model.transformer import CoupletTransformer, ModelConfig
 from chunlian.training.batches import REVERSED, Buckets, encode_batch, reversed_pairs
-from chunlian.training.distill import read_distilled
+from chunlian.training.distill import TARGETS, read_distilled
 from chunlian.training.ema import EmaWeights
 from chunlian.training.warmstart import grown
 
@@ -90,8 +90,13 @@ class TrainConfig:
     # a distillation set (training/distill.py: a shard's file or a folder of shards), trained
     # on as the source "distilled" (give it a share in mix)
     distilled: str | None = None
+    # which of a row's lines the student learns: the teacher's best, or its n-best line
+    # nearest the gold one (distill.TARGETS)
+    distilled_target: str = "best"
 
     def __post_init__(self) -> None:
+        if self.distilled_target not in TARGETS:
+            raise ValueError(f"distilled_target is one of {', '.join(TARGETS)}, got {self.distilled_target!r}")
         if self.budget_cpu_s < 0 or self.stop_cpu_s < 0:
             raise ValueError("budget_cpu_s and stop_cpu_s must be at least 0")
         bad = {k: v for k, v in self.mix.items() if not 0.0 <= v <= 1.0}
@@ -220,7 +225,7 @@ class Trainer:
         forward = read_pairs(Path(cfg.data_dir) / "train.tsv")  # the vocabulary counts each pair once
         self.train_pairs = forward + (reversed_pairs(forward) if cfg.augment_reverse else [])
         if cfg.distilled:
-            self.train_pairs += read_distilled(Path(cfg.distilled))
+            self.train_pairs += read_distilled(Path(cfg.distilled), cfg.distilled_target)
         self.vals = val_splits(Path(cfg.data_dir), cfg.eval_pairs, cfg.seed)
         self.ckpt_path = self.out / "ckpt.pt"
         state = torch.load(self.ckpt_path, map_location="cpu", weights_only=False) \
