@@ -39,7 +39,7 @@ def main() -> None:
     columns = {
         "shipped greedy": lowers(OfflineGenerator.load(None, "cpu", capacity=64, blocklist=bans), uppers),
         "student greedy": lowers(OfflineGenerator.load(args.student, "cpu", capacity=64, blocklist=bans), uppers),
-        "best (quality mode)": lowers(OfflineGenerator.load_quality("cpu", 256, bans), uppers),
+        "best (quality mode)": lowers(OfflineGenerator.load_quality("cpu", 64, bans), uppers),
     }
     head = ["上联", "real 下联", *columns]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
