@@ -178,11 +178,19 @@ def write_pairs(path: Path, pairs: list[Pair]) -> None:
             f.write(f"{p.upper}\t{p.lower}\t{p.register}\t{p.source}\n")
 
 
-def read_pairs(path: Path) -> list[Pair]:
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """A pairs TSV's rows by column name (files such as a distillation set add columns)."""
     with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        return [Pair(r["upper"], r["lower"], r.get("register") or "modern",
-                     r.get("source") or r.get("register") or "modern") for r in reader]
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def pair_of(row: dict[str, str]) -> Pair:
+    register = row.get("register") or "modern"
+    return Pair(row["upper"], row["lower"], register, row.get("source") or register)
+
+
+def read_pairs(path: Path) -> list[Pair]:
+    return [pair_of(r) for r in read_rows(path)]
 
 
 def prepare(data_dir: Path, out_dir: Path, val_size: int = 2000) -> CleanStats:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from chunlian.cliargs import add_device, add_no_progress, dump, fail, hidden_alias
+from chunlian.training.distill import TARGETS
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -125,7 +126,7 @@ def register_train(sub: Any) -> None:
     t.add_argument("--distilled", default=None,
                    help="also train on a distillation set (chunlian distill: a folder of shards or one"
                         " shard's file) as the source 'distilled' (give it a share in --mix)")
-    t.add_argument("--distilled-target", choices=("best", "nearest"), default=None,
+    t.add_argument("--distilled-target", choices=TARGETS, default=None,
                    help="what a distilled row teaches: the quality mode's best line (default), or its"
                         " n-best line nearest the gold 下联 (sequence-level interpolation)")
     add_no_progress(t, old_quiet=True)

@@ -30,11 +30,11 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from chunlian.data.corpus import Pair, read_pairs
+from chunlian.data.corpus import Pair, pair_of, read_pairs, read_rows
 
 DISTILLED = "distilled"  # the source name of distilled rows
 NBEST = 8  # the reranked search's best lines kept a row (asking for them costs no search time)
@@ -104,7 +104,6 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
 
     from chunlian.data.blocklist import default_blocklist
     from chunlian.engine.tiers import BEST
-    from chunlian.errors import ChunlianError
     from chunlian.offline import OfflineGenerator
     from chunlian.types import CoupletRequest, DecodeParams
 
@@ -137,7 +136,7 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
             outs = gen.run([CoupletRequest(upper=p.upper, params=params) for p in part])
             for p, o in zip(part, outs, strict=True):
                 r = o.result
-                if r is None or isinstance(r, ChunlianError):
+                if r is None:  # the request's error ends only that line
                     manifest["failed"] += 1
                 else:
                     nbest = NBEST_SEP.join(c.lower for c in (r.candidates or (r.best,)))
@@ -178,14 +177,12 @@ def read_distilled(path: Path, target: str = "best") -> list[Pair]:
     files = sorted(path.glob(f"{DISTILLED}-*.tsv")) if path.is_dir() else [path]
     if not files or not all(f.is_file() for f in files):
         raise ValueError(f"no distillation set at {path} (chunlian distill writes one)")
-    rows: list[Pair] = []
+    pairs: list[Pair] = []
     for f in files:
-        with f.open(encoding="utf-8", newline="") as fh:
-            for r in csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE):
-                lower = r["lower"]
-                if target == "nearest":
-                    if not r.get("gold") or not r.get("nbest"):
-                        raise ValueError(f"{f} holds no gold and n-best columns: only --distilled-target best reads it")
-                    lower = nearest(r["gold"], r["nbest"].split(NBEST_SEP))
-                rows.append(Pair(r["upper"], lower, r.get("register") or "modern", DISTILLED))
-    return rows
+        for r in read_rows(f):
+            if target == "nearest":
+                if not r.get("gold") or not r.get("nbest"):
+                    raise ValueError(f"{f} holds no gold and n-best columns: only --distilled-target best reads it")
+                r["lower"] = nearest(r["gold"], r["nbest"].split(NBEST_SEP))
+            pairs.append(replace(pair_of(r), source=DISTILLED))
+    return pairs
