@@ -14,6 +14,7 @@ from chunlian.training.batches import Buckets
 from chunlian.training.distill import (
     DISTILLED,
     NBEST_SEP,
+    TOP_K,
     Shard,
     distill,
     nearest,
@@ -85,6 +86,10 @@ def test_shards_split_the_sample_and_a_second_run_goes_on_after_the_rows_on_disk
     assert [p.upper for p in near] == [p.upper for p in pairs]
     for p, r in zip(near, rows[0] + rows[1], strict=True):
         assert p.lower == nearest(r["gold"], r["nbest"].split(NBEST_SEP))
+    # top4: each row's best lines in rank order, a pair each
+    top = read_distilled(out, f"top{TOP_K}")
+    want = [(r["upper"], line) for r in rows[0] + rows[1] for line in r["nbest"].split(NBEST_SEP)[:TOP_K]]
+    assert [(p.upper, p.lower) for p in top] == want and len(top) > len(pairs)
     assert Buckets(pairs, {DISTILLED: 1.0}, random.Random(0)).shares == {DISTILLED: 1.0}
     cfg = TrainConfig(data_dir=str(d), out_dir=str(tmp_path / "t"), export_path=str(tmp_path / "t" / "w.safetensors"),
                       max_steps=2, batch_pairs=4, warmup_steps=1, eval_every=2, ckpt_every=2, eval_pairs=1,
@@ -92,7 +97,7 @@ def test_shards_split_the_sample_and_a_second_run_goes_on_after_the_rows_on_disk
     assert train(cfg, progress=False)["steps"] == 2
     with pytest.raises(ValueError, match="no distillation set"):
         read_distilled(tmp_path / "nowhere")
-    with pytest.raises(ValueError, match="one of best, nearest"):
+    with pytest.raises(ValueError, match="one of best, nearest, top4"):
         read_distilled(out, "worst")
 
 
@@ -108,7 +113,8 @@ def test_a_set_without_the_nbest_columns_is_read_for_its_best_lines_only(tmp_pat
     f = tmp_path / "distilled-0of1.tsv"
     f.write_text("upper\tlower\tregister\tsource\n花开富贵\t竹报平安\tmodern\tdistilled\n", encoding="utf-8")
     assert [p.lower for p in read_distilled(f)] == ["竹报平安"]
-    with pytest.raises(ValueError, match="no gold and n-best columns"):
-        read_distilled(f, "nearest")
+    for target in ("nearest", "top4"):
+        with pytest.raises(ValueError, match="no gold and n-best columns"):
+            read_distilled(f, target)
     with pytest.raises(ValueError, match="distilled_target"):
         TrainConfig(data_dir="d", out_dir="o", export_path="w", distilled_target="worst")

@@ -127,8 +127,9 @@ def register_train(sub: Any) -> None:
                    help="also train on a distillation set (chunlian distill: a folder of shards or one"
                         " shard's file) as the source 'distilled' (give it a share in --mix)")
     t.add_argument("--distilled-target", choices=TARGETS, default=None,
-                   help="what a distilled row teaches: the quality mode's best line (default), or its"
-                        " n-best line nearest the gold 下联 (sequence-level interpolation)")
+                   help="what a distilled row teaches: the quality mode's best line (default), its"
+                        " n-best line nearest the gold 下联 (sequence-level interpolation), or each of"
+                        " its 4 best lines (top4)")
     add_no_progress(t, old_quiet=True)
     t.set_defaults(fn=cmd_train)
 

@@ -165,13 +165,16 @@ def nearest(gold: str, nbest: list[str]) -> str:
     return max(enumerate(nbest), key=lambda kv: (overlap(kv[1], gold), -kv[0]))[1]
 
 
-TARGETS = ("best", "nearest")
+TOP_K = 4  # the ``top4`` target's lines a row
+TARGETS = ("best", "nearest", f"top{TOP_K}")
 
 
 def read_distilled(path: Path, target: str = "best") -> list[Pair]:
-    """The rows of a distillation set (one shard's file, or every shard in a folder), each
-    with the teacher's best line, or with its n-best line nearest the gold one (``nearest``;
-    needs the set's ``gold`` and ``nbest`` columns)."""
+    """The rows of a distillation set (one shard's file, or every shard in a folder) as pairs:
+    each row's best line (``best``), its n-best line nearest the gold one (``nearest``), or
+    each of its ``TOP_K`` best lines as a pair of its own (``top4``: more of the teacher's
+    distribution for no more teacher time). The last two need the ``gold`` and ``nbest``
+    columns."""
     if target not in TARGETS:
         raise ValueError(f"the distilled target is one of {', '.join(TARGETS)}, got {target!r}")
     files = sorted(path.glob(f"{DISTILLED}-*.tsv")) if path.is_dir() else [path]
@@ -180,9 +183,13 @@ def read_distilled(path: Path, target: str = "best") -> list[Pair]:
     pairs: list[Pair] = []
     for f in files:
         for r in read_rows(f):
-            if target == "nearest":
-                if not r.get("gold") or not r.get("nbest"):
-                    raise ValueError(f"{f} holds no gold and n-best columns: only --distilled-target best reads it")
-                r["lower"] = nearest(r["gold"], r["nbest"].split(NBEST_SEP))
-            pairs.append(replace(pair_of(r), source=DISTILLED))
+            pair = replace(pair_of(r), source=DISTILLED)
+            if target == "best":
+                pairs.append(pair)
+                continue
+            if not r.get("gold") or not r.get("nbest"):
+                raise ValueError(f"{f} holds no gold and n-best columns: only --distilled-target best reads it")
+            nbest = r["nbest"].split(NBEST_SEP)
+            lines = [nearest(r["gold"], nbest)] if target == "nearest" else nbest[:TOP_K]
+            pairs += [replace(pair, lower=line) for line in lines]
     return pairs
