@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from chunlian.cliargs import add_device, add_no_progress, dump, fail, hidden_alias
-from chunlian.training.distill import TARGETS
+from chunlian.training.distill import TARGETS, TOP_K
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -129,7 +129,7 @@ def register_train(sub: Any) -> None:
     t.add_argument("--distilled-target", choices=TARGETS, default=None,
                    help="what a distilled row teaches: the quality mode's best line (default), its"
                         " n-best line nearest the gold 下联 (sequence-level interpolation), or each of"
-                        " its 4 best lines (top4)")
+                        f" its {TOP_K} best lines (top{TOP_K})")
     add_no_progress(t, old_quiet=True)
     t.set_defaults(fn=cmd_train)
 
