@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from chunlian.cliargs import add_device, add_no_progress, dump, fail, hidden_alias
-from chunlian.training.distill import TARGETS, TOP_K
+from chunlian.training.distill import TARGETS
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -124,12 +124,12 @@ def register_train(sub: Any) -> None:
     t.add_argument("--ema-decay", type=float, default=None,
                    help="also keep an exponential moving average of the weights (e.g. 0.999): ema.safetensors")
     t.add_argument("--distilled", default=None,
-                   help="also train on a distillation set (chunlian distill: a folder of shards or one"
-                        " shard's file) as the source 'distilled' (give it a share in --mix)")
+                   help="also train on a distillation set (chunlian distill: a folder of shards such as"
+                        " data/distilled, or one shard's file) as the source 'distilled' (give it a share in"
+                        " --mix); its rows name their 上联s in --data's train.tsv")
     t.add_argument("--distilled-target", choices=TARGETS, default=None,
-                   help="what a distilled row teaches: the quality mode's best line (default), its"
-                        " n-best line nearest the gold 下联 (sequence-level interpolation), or each of"
-                        f" its {TOP_K} best lines (top{TOP_K})")
+                   help="what a distilled row teaches: the quality mode's best line (default), or its"
+                        " n-best line nearest the gold 下联 (sequence-level interpolation)")
     add_no_progress(t, old_quiet=True)
     t.set_defaults(fn=cmd_train)
 
@@ -142,7 +142,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
         shard = Shard.parse(args.shard)
         sources = tuple(filter(None, (x.strip() for x in args.sources.split(","))))
         manifest = distill(Path(args.data), Path(args.out_dir), args.count, shard, seed=args.seed,
-                           chunk=args.chunk, sources=sources, device=resolve_device(args.device), progress=not args.no_progress)
+                           chunk=args.chunk, sources=sources, device=resolve_device(args.device), progress=not args.no_progress,
+                           minutes=args.minutes)
     except ValueError as e:
         return fail(str(e))
     dump(manifest)
@@ -153,7 +154,8 @@ def register_distill(sub: Any) -> None:
     """Add ``chunlian distill``."""
     d = sub.add_parser("distill", help="write the quality mode's answers for training lines (a distillation set)")
     d.add_argument("--data", default="runs/data", help="output of 'chunlian data' (default runs/data)")
-    d.add_argument("--out-dir", default="runs/distill", help="where the shards go (default runs/distill)")
+    d.add_argument("--out-dir", default="runs/distill", help="where the shards go (default runs/distill; data/distilled is the set kept"
+                        " with the code, which a run there goes on adding to)")
     d.add_argument("--count", type=int, required=True, help="training 上联s in the whole set (all shards)")
     d.add_argument("--shard", default="0/1",
                    help="k/n: this process writes every n-th line from the k-th (one process a core; default 0/1)")
@@ -161,6 +163,8 @@ def register_distill(sub: Any) -> None:
                    help="comma-separated sources to sample 上联s from, e.g. modern,more_modern,wb14123 (default: all)")
     d.add_argument("--seed", type=int, default=0, help="the sample's seed (the same for every shard; default 0)")
     d.add_argument("--chunk", type=int, default=64, help="lines written (and resumable) at a time (default 64)")
+    d.add_argument("--minutes", type=float, default=None,
+                   help="stop after the chunk that ends past this many minutes (default: when the shard is done)")
     add_device(d, "the quality mode")
     add_no_progress(d)
     d.set_defaults(fn=cmd_distill)

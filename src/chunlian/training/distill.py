@@ -10,37 +10,42 @@ beam outputs).
 * The teacher is ``OfflineGenerator.load_quality``: the engine's best mode (``QUALITY``:
   the reverse-trained weights' beam reranked by channel and forward scores). Requests are
   plain ones (the default style, no zodiac rule), as ``chunlian eval`` asks them.
-* Each finished chunk is appended to ``distilled-<k>of<n>.tsv`` (the columns of
-  ``train.tsv`` with the teacher's best line as ``lower`` and ``source`` = ``distilled``, then
-  the gold 下联 and the search's ``NBEST`` reranked lines) and flushed, and the shard's manifest
-  (``distilled-<k>of<n>.json``: preset, weights, seed, counts, lines/s) rewritten: a
-  killed run loses one chunk at most, and the same command resumes with the lines the file
-  does not hold yet.
+* A row is ``key`` (``upper_key``: a hash of the 上联, not its text), the sampled pair's
+  ``register``, the teacher's ``best`` line, and of its ``NBEST`` reranked lines the one
+  ``nearest`` the gold 下联. It holds model output only, so a set can live with the code (``data/distilled``) and grow across runs on
+  other machines; the trainer finds each row's 上联 again in ``train.tsv``.
+* Each finished chunk is appended to ``distilled-<k>of<n>.tsv`` and flushed, and the shard's
+  manifest (``distilled-<k>of<n>.json``: preset, weights, seed, counts, lines/s) rewritten: a
+  killed run loses one chunk at most, and the same command resumes with the 上联s no shard's
+  file holds yet (under any ``--shard`` split). A set is one teacher's: a run whose preset,
+  weights, seed or sources differ from the manifest's is refused.
 
 ``chunlian train --distilled runs/distill`` adds the rows as the source ``distilled``
-(``--mix distilled=0.5,...``); ``--distilled-target nearest`` teaches each row's n-best line
-nearest its gold one instead of the best (Kim & Rush's sequence-level interpolation).
+(``--mix distilled=0.5,...``); ``--distilled-target nearest`` teaches each row's nearest line
+instead of the best (Kim & Rush's sequence-level interpolation).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import random
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from chunlian.data.corpus import Pair, pair_of, read_pairs, read_rows
+from chunlian.data.corpus import Pair, read_pairs, read_rows
 
 DISTILLED = "distilled"  # the source name of distilled rows
-NBEST = 8  # the reranked search's best lines kept a row (asking for them costs no search time)
-# train.tsv's columns (``lower``: the teacher's best line), then the gold 下联 and the n-best
-FIELDS = ("upper", "lower", "register", "source", "gold", "nbest")
-NBEST_SEP = "|"
+NBEST = 8  # the reranked search's best lines a row is chosen from (they cost no search time)
+FIELDS = ("key", "register", "best", "nearest")
+TARGETS = ("best", "nearest")
+# a manifest's fields that name the teacher and the sample: a set holds one of each
+SAME_TEACHER = ("preset", "search_weights", "rescore_weights", "seed", "sources")
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,15 @@ class Shard:
         return f"{DISTILLED}-{self.index}of{self.count}"
 
 
-def sample_uppers(data_dir: Path, count: int, seed: int, sources: tuple[str, ...] = ()) -> list[Pair]:
-    """``count`` training pairs (of ``sources``, or of every source) with distinct 上联s, none
-    of which opens a validation pair, in a seeded random order (the gold 下联 is not used)."""
+def upper_key(upper: str) -> str:
+    """A distilled row's 上联 as 16 hex digits (BLAKE2b, 8 bytes): the row names its training
+    line without holding the corpus text, so a set can be kept with the code."""
+    return hashlib.blake2b(upper.encode("utf-8"), digest_size=8).hexdigest()
+
+
+def training_uppers(data_dir: Path, sources: tuple[str, ...] = ()) -> list[Pair]:
+    """The training pairs (of ``sources``, or of every source) with distinct 上联s, the first
+    pair of each, none of which opens a validation pair, in file order."""
     val = {p.upper for path in sorted(data_dir.glob("val*.tsv")) for p in read_pairs(path)}
     if not val:
         raise ValueError(f"no validation split in {data_dir}: run 'chunlian data' first")
@@ -79,13 +90,41 @@ def sample_uppers(data_dir: Path, count: int, seed: int, sources: tuple[str, ...
             pool.append(p)
     if not pool:
         raise ValueError(f"train.tsv in {data_dir} holds no pairs of {', '.join(sources)}")
+    return pool
+
+
+def sample_uppers(data_dir: Path, count: int, seed: int, sources: tuple[str, ...] = ()) -> list[Pair]:
+    """``count`` of ``training_uppers`` in a seeded random order."""
+    pool = training_uppers(data_dir, sources)
     random.Random(seed).shuffle(pool)
     return pool[:count]
 
 
-def written_uppers(path: Path) -> set[str]:
-    """The 上联s already answered in ``path`` (none when it does not exist)."""
-    return {p.upper for p in read_pairs(path)} if path.exists() else set()
+def set_files(path: Path) -> list[Path]:
+    """A set's shard files: ``path`` itself, or every shard's file in the folder ``path``."""
+    return sorted(path.glob(f"{DISTILLED}-*.tsv")) if path.is_dir() else [path]
+
+
+def written_keys(out_dir: Path) -> set[str]:
+    """The 上联s already answered by any shard in ``out_dir``, as keys."""
+    return {r["key"] for f in set_files(out_dir) if f.is_file() for r in read_rows(f)}
+
+
+def _drop_partial_row(tsv: Path) -> None:
+    """Cut a row a killed run left half written (the file then ends inside it)."""
+    if tsv.exists() and (data := tsv.read_bytes()) and not data.endswith(b"\n"):
+        tsv.write_bytes(data[:data.rfind(b"\n") + 1])
+
+
+def _check_same_teacher(out_dir: Path, made: dict[str, Any]) -> None:
+    """Refuse to add to a set that any shard began with another teacher or sample: one set,
+    one teacher."""
+    for meta in sorted(out_dir.glob(f"{DISTILLED}-*.json")):
+        manifest = json.loads(meta.read_text(encoding="utf-8"))
+        for field in SAME_TEACHER:
+            if field in manifest and manifest[field] != made[field]:
+                raise ValueError(f"{meta} was written with {field} {manifest[field]!r}, this run has"
+                                 f" {made[field]!r}: give another --out-dir")
 
 
 def chunks(items: list[Pair], size: int) -> Iterator[list[Pair]]:
@@ -98,8 +137,9 @@ def chunks(items: list[Pair], size: int) -> Iterator[list[Pair]]:
 # step grows with the pool
 def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int = 0, chunk: int = 64,
             sources: tuple[str, ...] = (), device: str = "cpu", capacity: int = 64,
-            progress: bool = True) -> dict[str, Any]:
-    """Write (or go on writing) one shard of the set; returns its manifest."""
+            progress: bool = True, minutes: float | None = None) -> dict[str, Any]:
+    """Write (or go on writing) one shard of the set, stopping after the chunk that ends past
+    ``minutes`` (None: when the shard is done); returns its manifest."""
     from tqdm import tqdm
 
     from chunlian.data.blocklist import default_blocklist
@@ -109,27 +149,35 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
 
     if count < 1 or chunk < 1:
         raise ValueError(f"--count and --chunk must be at least 1, got {count} and {chunk}")
+    if minutes is not None and minutes <= 0:
+        raise ValueError(f"--minutes must be above 0, got {minutes}")
+    stop_at = time.monotonic() + minutes * 60 if minutes is not None else float("inf")
     mine = sample_uppers(data_dir, count, seed, sources)[shard.index::shard.count]
     out_dir.mkdir(parents=True, exist_ok=True)
     tsv, meta = out_dir / f"{shard.name}.tsv", out_dir / f"{shard.name}.json"
-    done = written_uppers(tsv)
-    # the sample's 上联s are distinct, so what is left is what the file does not hold yet (a
-    # line that failed in an earlier run is tried again)
-    todo = [p for p in mine if p.upper not in done]
+    _drop_partial_row(tsv)
+    # the sample's 上联s are distinct, so what is left is what no file holds yet (a line that
+    # failed in an earlier run is tried again)
+    done = written_keys(out_dir)
+    todo = [p for p in mine if upper_key(p.upper) not in done]
     manifest: dict[str, Any] = json.loads(meta.read_text()) if meta.exists() else {"failed": 0, "seconds": 0.0}
     gen = OfflineGenerator.load_quality(device, capacity, default_blocklist())
+    made = {"preset": asdict(BEST), "search_weights": gen.loaded.tag,
+            "rescore_weights": [m.tag for m in gen.rescorers], "seed": seed, "sources": list(sources) or "all"}
+    _check_same_teacher(out_dir, made)
+    manifest.update(made)
     manifest.update({
-        "what": "the quality mode's best 下联 for training 上联s (sequence-level distillation)",
-        "preset": asdict(BEST), "search_weights": gen.loaded.tag,
-        "rescore_weights": [m.tag for m in gen.rescorers], "data": str(data_dir), "sources": list(sources) or "all",
-        "seed": seed, "count": count, "shard": f"{shard.index}/{shard.count}", "shard_items": len(mine),
-        "rows": len(done), "nbest": NBEST, "columns": list(FIELDS),
+        "what": "the quality mode's best 下联, and its n-best line nearest the gold one, for training 上联s"
+                " (sequence-level distillation)",
+        "data": str(data_dir), "count": count, "shard": f"{shard.index}/{shard.count}", "shard_items": len(mine),
+        "rows": len(read_rows(tsv)) if tsv.exists() else 0, "nbest": NBEST, "columns": list(FIELDS),
     })
     params = DecodeParams(n=NBEST, beam=gen.beam_params())
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), unit="line", disable=not progress)
+    header = not tsv.exists()
     with tsv.open("a", encoding="utf-8", newline="") as f:
         w = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n")
-        if not done:
+        if header:
             w.writerow(FIELDS)
         for part in chunks(todo, chunk):
             t0 = time.perf_counter()
@@ -139,14 +187,16 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
                 if r is None:  # the request's error ends only that line
                     manifest["failed"] += 1
                 else:
-                    nbest = NBEST_SEP.join(c.lower for c in (r.candidates or (r.best,)))
-                    w.writerow((p.upper, r.best.lower, p.register, DISTILLED, p.lower, nbest))
+                    lines = [c.lower for c in (r.candidates or (r.best,))]
+                    w.writerow((upper_key(p.upper), p.register, r.best.lower, nearest(p.lower, lines)))
                     manifest["rows"] += 1
             f.flush()
             manifest["seconds"] = round(manifest["seconds"] + time.perf_counter() - t0, 2)
             manifest["lines_per_s"] = round((manifest["rows"] + manifest["failed"]) / max(manifest["seconds"], 1e-9), 3)
             meta.write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n")
             bar.update(len(part))
+            if time.monotonic() >= stop_at:
+                break
     bar.close()
     return manifest
 
@@ -165,31 +215,30 @@ def nearest(gold: str, nbest: list[str]) -> str:
     return max(enumerate(nbest), key=lambda kv: (overlap(kv[1], gold), -kv[0]))[1]
 
 
-TOP_K = 4  # the ``top4`` target's lines a row
-TARGETS = ("best", "nearest", f"top{TOP_K}")
-
-
-def read_distilled(path: Path, target: str = "best") -> list[Pair]:
-    """The rows of a distillation set (one shard's file, or every shard in a folder) as pairs:
-    each row's best line (``best``), its n-best line nearest the gold one (``nearest``), or
-    each of its ``TOP_K`` best lines as a pair of its own (``top4``: more of the teacher's
-    distribution for no more teacher time). The last two need the ``gold`` and ``nbest``
-    columns."""
+def read_distilled(path: Path, data_dir: Path, target: str = "best") -> tuple[list[Pair], int]:
+    """The rows of a distillation set (one shard's file, or every shard in a folder) as pairs,
+    each row's ``best`` or ``nearest`` line answering its 上联, found again by key among the
+    training 上联s of ``data_dir``; and how many rows name no training 上联 there (a set made
+    from another preparation of the corpora), which are left out: a validation 上联 is never
+    one of the pairs."""
     if target not in TARGETS:
         raise ValueError(f"the distilled target is one of {', '.join(TARGETS)}, got {target!r}")
-    files = sorted(path.glob(f"{DISTILLED}-*.tsv")) if path.is_dir() else [path]
+    files = set_files(path)
     if not files or not all(f.is_file() for f in files):
         raise ValueError(f"no distillation set at {path} (chunlian distill writes one)")
-    pairs: list[Pair] = []
+    uppers = {upper_key(p.upper): p for p in training_uppers(data_dir)}
+    pairs: dict[str, Pair] = {}
+    unknown = 0
     for f in files:
-        for r in read_rows(f):
-            pair = replace(pair_of(r), source=DISTILLED)
-            if target == "best":
-                pairs.append(pair)
-                continue
-            if not r.get("gold") or not r.get("nbest"):
-                raise ValueError(f"{f} holds no gold and n-best columns: only --distilled-target best reads it")
-            nbest = r["nbest"].split(NBEST_SEP)
-            lines = [nearest(r["gold"], nbest)] if target == "nearest" else nbest[:TOP_K]
-            pairs += [replace(pair, lower=line) for line in lines]
-    return pairs
+        rows = read_rows(f)
+        if rows and not set(FIELDS) <= rows[0].keys():
+            raise ValueError(f"{f} is not a distillation set: its columns are not {', '.join(FIELDS)}")
+        for r in rows:
+            p = uppers.get(r["key"])
+            if p is None:
+                unknown += 1
+            else:  # a key twice (two runs over one line) is one pair
+                pairs[r["key"]] = Pair(p.upper, r[target], r["register"], DISTILLED)
+    if not pairs:
+        raise ValueError(f"no row of the distillation set at {path} names a training 上联 of {data_dir}")
+    return list(pairs.values()), unknown
