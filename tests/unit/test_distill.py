@@ -115,6 +115,8 @@ def test_a_run_stops_after_the_chunk_that_ends_past_its_minutes(tmp_path: Path) 
     assert distill(d, out, 5, Shard(0, 1), chunk=2, progress=False)["rows"] == 5
     with pytest.raises(ValueError, match="--minutes must be above 0"):
         distill(d, out, 5, Shard(0, 1), minutes=0, progress=False)
+    with pytest.raises(ValueError, match="--beam-rows must hold one search of width 32, got 16"):
+        distill(d, out, 5, Shard(0, 1), capacity=16, progress=False)
 
 
 def test_rows_naming_no_training_upper_are_left_out_and_counted_never_a_validation_one(tmp_path: Path) -> None:

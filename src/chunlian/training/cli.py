@@ -143,7 +143,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         sources = tuple(filter(None, (x.strip() for x in args.sources.split(","))))
         manifest = distill(Path(args.data), Path(args.out_dir), args.count, shard, seed=args.seed,
                            chunk=args.chunk, sources=sources, device=resolve_device(args.device), progress=not args.no_progress,
-                           minutes=args.minutes)
+                           minutes=args.minutes, capacity=args.beam_rows)
     except ValueError as e:
         return fail(str(e))
     dump(manifest)
@@ -163,6 +163,9 @@ def register_distill(sub: Any) -> None:
                    help="comma-separated sources to sample 上联s from, e.g. modern,more_modern,wb14123 (default: all)")
     d.add_argument("--seed", type=int, default=0, help="the sample's seed (the same for every shard; default 0)")
     d.add_argument("--chunk", type=int, default=64, help="lines written (and resumable) at a time (default 64)")
+    d.add_argument("--beam-rows", type=int, default=64,
+                   help="the teacher's row pool, 32 rows a search at a time (default 64: the fastest on one"
+                        " CPU core; a GPU wants thousands, with --chunk as large)")
     d.add_argument("--minutes", type=float, default=None,
                    help="stop after the chunk that ends past this many minutes (default: when the shard is done)")
     add_device(d, "the quality mode")

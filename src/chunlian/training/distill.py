@@ -149,6 +149,8 @@ def distill(data_dir: Path, out_dir: Path, count: int, shard: Shard, seed: int =
 
     if count < 1 or chunk < 1:
         raise ValueError(f"--count and --chunk must be at least 1, got {count} and {chunk}")
+    if capacity < BEST.width:
+        raise ValueError(f"--beam-rows must hold one search of width {BEST.width}, got {capacity}")
     if minutes is not None and minutes <= 0:
         raise ValueError(f"--minutes must be above 0, got {minutes}")
     stop_at = time.monotonic() + minutes * 60 if minutes is not None else float("inf")
