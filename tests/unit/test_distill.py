@@ -106,7 +106,7 @@ def test_shards_split_the_sample_and_a_second_run_goes_on_after_the_rows_on_disk
                       max_steps=2, batch_pairs=4, warmup_steps=1, eval_every=2, ckpt_every=2, eval_pairs=1,
                       mix={DISTILLED: 0.5}, n_layer=1, n_head=2, d_model=16, d_ff=32, distilled=str(out))
     summary = train(cfg, progress=False)
-    assert summary["steps"] == 2 and summary["distilled_unknown_rows"] == 0
+    assert summary["steps"] == 2 and summary["distilled_rows_left_out"] == 0
 
 
 def test_a_run_stops_after_the_chunk_that_ends_past_its_minutes(tmp_path: Path) -> None:
@@ -119,15 +119,22 @@ def test_a_run_stops_after_the_chunk_that_ends_past_its_minutes(tmp_path: Path) 
         distill(d, out, 5, Shard(0, 1), capacity=16, progress=False)
 
 
-def test_rows_naming_no_training_upper_are_left_out_and_counted_never_a_validation_one(tmp_path: Path) -> None:
+def test_rows_naming_no_training_upper_or_half_written_are_left_out_and_counted(tmp_path: Path) -> None:
     d, f = _data(tmp_path), tmp_path / "distilled-0of1.tsv"
     rows = [(upper_key("花开富贵"), "classical", "竹报平安", "竹报福安"),
             (upper_key("国泰民安"), "modern", "家和业兴", "家和业兴"),
-            ("0123456789abcdef", "modern", "人寿年丰", "人寿年丰"), (upper_key("花开富贵"), "classical", "竹报平安", "竹报福安")]
+            ("0123456789abcdef", "modern", "人寿年丰", "人寿年丰"), (upper_key("花开富贵"), "classical", "竹报平安", "竹报福安"),
+            (upper_key("五湖四海皆春色"), "modern", "万水千山尽得辉", "万水千")]
     f.write_text("key\tregister\tbest\tnearest\n" + "".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
-    pairs, unknown = read_distilled(f, d, "nearest")
-    # 国泰民安 also opens a validation pair; the same key twice is one pair
-    assert [(p.upper, p.lower, p.register) for p in pairs] == [("花开富贵", "竹报福安", "classical")] and unknown == 2
+    pairs, left_out = read_distilled(f, d, "nearest")
+    # 国泰民安 also opens a validation pair, the last row is half written, the same key twice is
+    # one pair
+    assert [(p.upper, p.lower, p.register) for p in pairs] == [("花开富贵", "竹报福安", "classical")] and left_out == 3
+    best, left_out = read_distilled(f, d)
+    assert [p.lower for p in best] == ["竹报平安", "万水千山尽得辉"] and left_out == 2
+    with f.open("a", encoding="utf-8") as out:
+        out.write(upper_key("山清水秀风光好") + "\tmodern\t人寿年")  # cut inside a column
+    assert read_distilled(f, d) == (best, 3)
     f.write_text("key\tregister\tbest\tnearest\n0123456789abcdef\tmodern\t人寿年丰\t人寿年丰\n", encoding="utf-8")
     with pytest.raises(ValueError, match="names a training 上联"):
         read_distilled(f, d)

@@ -220,9 +220,10 @@ def nearest(gold: str, nbest: list[str]) -> str:
 def read_distilled(path: Path, data_dir: Path, target: str = "best") -> tuple[list[Pair], int]:
     """The rows of a distillation set (one shard's file, or every shard in a folder) as pairs,
     each row's ``best`` or ``nearest`` line answering its 上联, found again by key among the
-    training 上联s of ``data_dir``; and how many rows name no training 上联 there (a set made
-    from another preparation of the corpora), which are left out: a validation 上联 is never
-    one of the pairs."""
+    training 上联s of ``data_dir`` (so a validation 上联 is never one of them); and how many
+    rows are left out: those naming no training 上联 there (a set made from another
+    preparation of the corpora) and a row a killed run left half written (its line is not of
+    its 上联's length)."""
     if target not in TARGETS:
         raise ValueError(f"the distilled target is one of {', '.join(TARGETS)}, got {target!r}")
     files = set_files(path)
@@ -230,17 +231,18 @@ def read_distilled(path: Path, data_dir: Path, target: str = "best") -> tuple[li
         raise ValueError(f"no distillation set at {path} (chunlian distill writes one)")
     uppers = {upper_key(p.upper): p for p in training_uppers(data_dir)}
     pairs: dict[str, Pair] = {}
-    unknown = 0
+    left_out = 0
     for f in files:
         rows = read_rows(f)
         if rows and not set(FIELDS) <= rows[0].keys():
             raise ValueError(f"{f} is not a distillation set: its columns are not {', '.join(FIELDS)}")
         for r in rows:
             p = uppers.get(r["key"])
-            if p is None:
-                unknown += 1
+            line = r[target] or ""  # None: the row ends before this column
+            if p is None or len(line) != len(p.upper):
+                left_out += 1
             else:  # a key twice (two runs over one line) is one pair
-                pairs[r["key"]] = Pair(p.upper, r[target], r["register"], DISTILLED)
+                pairs[r["key"]] = Pair(p.upper, line, r["register"], DISTILLED)
     if not pairs:
         raise ValueError(f"no row of the distillation set at {path} names a training 上联 of {data_dir}")
-    return list(pairs.values()), unknown
+    return list(pairs.values()), left_out

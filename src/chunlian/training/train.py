@@ -224,10 +224,10 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         forward = read_pairs(Path(cfg.data_dir) / "train.tsv")  # the vocabulary counts each pair once
         self.train_pairs = forward + (reversed_pairs(forward) if cfg.augment_reverse else [])
-        # distilled rows whose 上联 is not a training one of data_dir (reported in the summary)
-        self.distilled_unknown = 0
+        # distilled rows left out: naming no training 上联 of data_dir, or half written
+        self.distilled_left_out = 0
         if cfg.distilled:
-            distilled, self.distilled_unknown = read_distilled(Path(cfg.distilled), Path(cfg.data_dir),
+            distilled, self.distilled_left_out = read_distilled(Path(cfg.distilled), Path(cfg.data_dir),
                                                                cfg.distilled_target)
             self.train_pairs += distilled
         self.vals = val_splits(Path(cfg.data_dir), cfg.eval_pairs, cfg.seed)
@@ -331,7 +331,7 @@ class Trainer:
             "shares": self.buckets.shares, "elapsed_s": round(time.perf_counter() - self.t0, 1),
             "cpu_s": round(self.clock.cpu_s, 1), "history": self.history,
             "torch_threads": torch.get_num_threads(), "device": self.cfg.device,
-            **({"distilled_unknown_rows": self.distilled_unknown} if self.cfg.distilled else {}),
+            **({"distilled_rows_left_out": self.distilled_left_out} if self.cfg.distilled else {}),
         }
 
 
