@@ -154,8 +154,9 @@ def register_distill(sub: Any) -> None:
     """Add ``chunlian distill``."""
     d = sub.add_parser("distill", help="write the quality mode's answers for training lines (a distillation set)")
     d.add_argument("--data", default="runs/data", help="output of 'chunlian data' (default runs/data)")
-    d.add_argument("--out-dir", default="runs/distill", help="where the shards go (default runs/distill; data/distilled is the set kept"
-                        " with the code, which a run there goes on adding to)")
+    d.add_argument("--out-dir", default="runs/distill",
+                   help="where the shards go (default runs/distill; data/distilled is the set kept with the"
+                        " code, which a run there goes on adding to)")
     d.add_argument("--count", type=int, required=True, help="training 上联s in the whole set (all shards)")
     d.add_argument("--shard", default="0/1",
                    help="k/n: this process writes every n-th line from the k-th (one process a core; default 0/1)")
