@@ -3,13 +3,13 @@ resume), the teacher's answers written and resumed, and the trainer reading them
 
 from __future__ import annotations
 
-import csv
 import json
 import random
 from pathlib import Path
 
 import pytest
 
+from chunlian.data.corpus import read_rows
 from chunlian.training.batches import Buckets
 from chunlian.training.distill import (
     DISTILLED,
@@ -60,11 +60,6 @@ def test_a_bad_shard_is_refused_naming_the_form(text: str) -> None:
         Shard.parse(text)
 
 
-def _rows(path: Path) -> list[dict[str, str]]:
-    with path.open(encoding="utf-8") as f:
-        return list(csv.DictReader(f, delimiter="\t"))
-
-
 def test_shards_split_the_sample_and_a_second_run_goes_on_after_the_rows_on_disk(tmp_path: Path) -> None:
     d, out = _data(tmp_path), tmp_path / "distill"
     first = distill(d, out, 2, Shard(0, 2), chunk=1, progress=False)  # 1 of the first 2
@@ -74,7 +69,7 @@ def test_shards_split_the_sample_and_a_second_run_goes_on_after_the_rows_on_disk
     again = distill(d, out, 5, Shard(0, 2), chunk=2, progress=False)  # the same line, then 2 more
     other = distill(d, out, 5, Shard(1, 2), chunk=2, progress=False)
     assert (again["rows"], other["rows"]) == (3, 2)
-    rows = {k: _rows(out / f"distilled-{k}of2.tsv") for k in (0, 1)}
+    rows = {k: read_rows(out / f"distilled-{k}of2.tsv") for k in (0, 1)}
     sample = sample_uppers(d, 5, 0)
     keys = [upper_key(p.upper) for p in sample]
     assert [r["key"] for r in rows[0]] == keys[0::2] and [r["key"] for r in rows[1]] == keys[1::2]
@@ -90,13 +85,13 @@ def test_shards_split_the_sample_and_a_second_run_goes_on_after_the_rows_on_disk
     assert manifest["rows"] == 3 and manifest["shard"] == "0/2" and manifest["rescore_weights"]
     # another split goes on after what every shard holds: only the 6th line is new
     assert distill(d, out, 6, Shard(0, 1), chunk=4, progress=False)["rows"] == 1
-    assert [r["key"] for r in _rows(out / "distilled-0of1.tsv")] == [upper_key(sample_uppers(d, 6, 0)[5].upper)]
+    assert [r["key"] for r in read_rows(out / "distilled-0of1.tsv")] == [upper_key(sample_uppers(d, 6, 0)[5].upper)]
     for shard in (Shard(0, 1), Shard(2, 3)):  # one set, one sample, whichever shard asks
         with pytest.raises(ValueError, match="seed 0, this run has 1: give another --out-dir"):
             distill(d, out, 6, shard, seed=1, progress=False)
     # the trainer finds each row's 上联 again and reads every shard as the source "distilled"
-    pairs, unknown = read_distilled(out, d)
-    assert unknown == 0 and len(pairs) == 6 and {p.source for p in pairs} == {DISTILLED}
+    pairs, left_out = read_distilled(out, d)
+    assert left_out == 0 and len(pairs) == 6 and {p.source for p in pairs} == {DISTILLED}
     by_upper = {upper_key(p.upper): p for p in pairs}
     assert {(k, by_upper[k].lower) for k in keys} == {(r["key"], r["best"]) for r in rows[0] + rows[1]}
     near, _ = read_distilled(out, d, "nearest")

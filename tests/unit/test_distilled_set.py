@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,6 @@ def test_rows_name_each_upper_once_by_key_with_two_lines_of_one_form(shards: dic
 
 
 def test_each_manifest_counts_its_file_and_names_the_shipped_teacher(shards: dict[Path, list[dict[str, str]]]) -> None:
-    from dataclasses import asdict
-
     search, rescore = load_weights(QUALITY_WEIGHTS).tag, load_weights(DEFAULT_WEIGHTS).tag
     for f, rows in shards.items():
         manifest = json.loads(f.with_suffix(".json").read_text(encoding="utf-8"))

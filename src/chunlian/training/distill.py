@@ -12,8 +12,9 @@ beam outputs).
   plain ones (the default style, no zodiac rule), as ``chunlian eval`` asks them.
 * A row is ``key`` (``upper_key``: a hash of the 上联, not its text), the sampled pair's
   ``register``, the teacher's ``best`` line, and of its ``NBEST`` reranked lines the one
-  ``nearest`` the gold 下联. It holds model output only, so a set can live with the code (``data/distilled``) and grow across runs on
-  other machines; the trainer finds each row's 上联 again in ``train.tsv``.
+  ``nearest`` the gold 下联. It holds model output only, so a set can live with the code
+  (``data/distilled``) and grow across runs on other machines; the trainer finds each row's
+  上联 again in ``train.tsv``.
 * Each finished chunk is appended to ``distilled-<k>of<n>.tsv`` and flushed, and the shard's
   manifest (``distilled-<k>of<n>.json``: preset, weights, seed, counts, lines/s) rewritten: a
   killed run loses one chunk at most, and the same command resumes with the 上联s no shard's
@@ -106,8 +107,8 @@ def set_files(path: Path) -> list[Path]:
 
 
 def written_keys(out_dir: Path) -> set[str]:
-    """The 上联s already answered by any shard in ``out_dir``, as keys."""
-    return {r["key"] for f in set_files(out_dir) if f.is_file() for r in read_rows(f)}
+    """The 上联s already answered by any shard in the folder ``out_dir``, as keys."""
+    return {r["key"] for f in set_files(out_dir) for r in read_rows(f)}
 
 
 def _drop_partial_row(tsv: Path) -> None:
