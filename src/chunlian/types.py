@@ -17,6 +17,9 @@ Served = Literal["best", "good", "fast"]
 QUALITIES: tuple[Quality, ...] = ("auto", "best", "fast")
 
 DEFAULT_SAMPLING_TEMPERATURE = 0.8
+# rows of the best mode's search (``engine.tiers.BEST``): the narrowest search pool that can
+# run it, so a narrower one is refused where the configuration is made
+BEST_SEARCH_ROWS = 32
 
 
 @dataclass(frozen=True)

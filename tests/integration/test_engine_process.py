@@ -81,6 +81,24 @@ async def test_a_child_runs_at_the_configured_nice_once() -> None:
         await engine.stop()
 
 
+async def test_an_unexpected_exception_at_admission_or_in_a_step_never_ends_the_engine_process() -> None:
+    from tests.integration.faulty_child import ADMIT_FAILS, STEP_FAILS, faulty_child_main
+
+    engine = ProcessEngine(EngineConfig.from_settings(load_settings(max_batch_size=4, warmup="")),
+                           child=faulty_child_main)
+    await engine.start()
+    try:
+        for line, says in ((ADMIT_FAILS, "admission failed"), (STEP_FAILS, "engine step failed")):
+            with pytest.raises(E.ModelError, match=says):
+                await engine.generate(CoupletRequest(upper=line))
+            assert engine.running
+            res = await engine.generate(CoupletRequest(upper="春回大地千山秀"))
+            assert len(res.best.lower) == 7
+        assert engine._proc is not None and engine._proc.is_alive()
+    finally:
+        await engine.stop()
+
+
 async def test_a_dead_child_fails_every_pending_request() -> None:
     engine = ProcessEngine(EngineConfig.from_settings(load_settings(max_batch_size=4, warmup="")))
     await engine.start()

@@ -238,6 +238,10 @@ async def test_shutdown_fails_every_pending_future() -> None:
         await eng.generate(CoupletRequest(upper="春回大地"))
 
 
+class Fatal(BaseException):
+    """Not an ``Exception``: what the core lets through (an interpreter shutdown, say)."""
+
+
 async def test_engine_failure_completes_every_future() -> None:
     eng, runner = make()
     runner.gate = threading.Event()
@@ -246,7 +250,7 @@ async def test_engine_failure_completes_every_future() -> None:
     await until(lambda: runner.prefilled)
 
     def broken_plan(now_s: float) -> object:
-        raise RuntimeError("scheduler bug")
+        raise Fatal("the interpreter is going")
 
     eng.scheduler.plan = broken_plan  # type: ignore[method-assign]
     runner.gate.set()

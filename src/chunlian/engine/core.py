@@ -47,7 +47,7 @@ from chunlian.engine.scheduler import (
     Unreachable,
 )
 from chunlian.engine.stats import EngineStats, StepReport
-from chunlian.engine.tiers import SEARCH_OF, StepDown, fixed_tier, served_of
+from chunlian.engine.tiers import BEST, SEARCH_OF, StepDown, fixed_tier, served_of
 from chunlian.errors import (
     Cancelled,
     ChunlianError,
@@ -89,8 +89,9 @@ class EngineCore:
     ) -> None:
         if config.max_batch_size > runner.capacity:
             raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {config.max_batch_size}")
-        if search_runner is not None and (rescorer is None or search_runner.capacity < config.beam_rows):
-            raise ValueError("a search runner needs a rescorer and beam_rows of capacity")
+        if search_runner is not None and (rescorer is None or search_runner.capacity < config.beam_rows
+                                          or config.beam_rows < BEST.width):
+            raise ValueError(f"a search runner needs a rescorer and beam_rows (at least {BEST.width}) of capacity")
         self.config = config
         self.runner = runner
         self.search_runner = search_runner
@@ -149,16 +150,35 @@ class EngineCore:
 
     # ---- inputs -----------------------------------------------------------------------------
     def add_request(self, creq: CoreRequest) -> None:
-        """Queue ``creq``; raises ``Overloaded`` (queue full) or ``InvalidInput`` at once,
-        and then the request never produces an output."""
+        """Queue ``creq``; raises ``Overloaded`` (queue full), ``InvalidInput`` or, for an
+        unexpected failure of its admission, ``ModelError`` at once, and then the request
+        never produces an output. No request can break the core: an admission that fails
+        leaves nothing of it behind."""
+        if creq.req_id in self._work:
+            raise ValueError(f"request id {creq.req_id} is already live")
+        try:
+            self._add(creq)
+        except ChunlianError:
+            raise
+        except Exception as e:
+            log.exception("admission failed")
+            self._forget(creq.req_id)
+            raise ModelError(f"admission failed: {type(e).__name__}") from None
+
+    def _forget(self, req_id: int) -> None:
+        """Undo whatever a failed admission of ``req_id`` left (the scheduler drops it)."""
+        w = self._work.pop(req_id, None)
+        for s in w.specs if w is not None else ():
+            self._seq_owner.pop(s.seq_id, None)
+        self.scheduler.cancel(req_id)
+
+    def _add(self, creq: CoreRequest) -> None:
         req = creq.request
         rows = req.params.rows
         if rows > self.config.max_batch_size:
             raise InvalidInput(f"n must be at most {self.config.max_batch_size}", "n")
         if req.params.beam is not None and self.rescorer is None and req.params.beam.reranked:
             raise InvalidInput("this engine has no weights to rescore beams with", "beam")
-        if creq.req_id in self._work:
-            raise ValueError(f"request id {creq.req_id} is already live")
         tier = self._tier(req)
         specs = self._expand(req, tier) if tier is not None else []
         now = time.monotonic()
@@ -234,7 +254,20 @@ class EngineCore:
     # ---- the step ---------------------------------------------------------------------------
     def step(self) -> list[CoreOutput]:
         """Plan, run one model step (decode of the live rows fused with the admission of
-        new ones), rescore finished beams; the requests that ended, in no particular order."""
+        new ones), rescore finished beams; the requests that ended, in no particular order.
+        Never raises: a failed model step fails the requests in it (``_step``), and any other
+        failure fails every request the core holds (the scheduler's state is then unknown)
+        and leaves the core empty and serving."""
+        try:
+            self._plan_and_run()
+        except Exception as e:
+            log.exception("engine step failed")
+            self.idle_wait_s = None
+            return self.fail_all(ModelError(f"engine step failed: {type(e).__name__}"))
+        out, self._out = self._out, []
+        return out
+
+    def _plan_and_run(self) -> None:
         plan = self.scheduler.plan(time.monotonic())
         self.stats.queue_depth = self.scheduler.queue_depth
         self._drop(plan.expired, lambda: DeadlineExceeded("deadline passed while queued"))
@@ -251,8 +284,6 @@ class EngineCore:
             self._step([self._work[i] for i in plan.prefill if i in self._work], plan.decode)
         elif not (plan.expired or plan.cancelled or plan.release):
             self.idle_wait_s = plan.idle_wait_s if plan.idle_wait_s is not None else math.inf
-        out, self._out = self._out, []
-        return out
 
     def fail_all(self, error: ChunlianError) -> list[CoreOutput]:
         """End every request with ``error`` and free every row (shutdown, a failed client)."""

@@ -34,7 +34,7 @@ from chunlian.engine.rates import RateWindow
 from chunlian.engine.rerank import HengpiChooser
 from chunlian.engine.scheduler import Scheduler
 from chunlian.engine.stats import EngineStats, StepReport
-from chunlian.errors import ChunlianError, EngineStopped, InvalidInput, Overloaded
+from chunlian.errors import ChunlianError, EngineStopped, InvalidInput, ModelError, Overloaded
 from chunlian.types import CoupletRequest, CoupletResult
 
 __all__ = ["Engine", "EngineStats", "Runner", "StepReport", "lower_thread_priority"]
@@ -214,6 +214,9 @@ class Engine:
                     e = Overloaded(str(e), self.retry_after_s())
                     self._rejected.add(time.monotonic())
                 self._settle([CoreOutput(item.req_id, error=e)])
+            except Exception as e:  # noqa: BLE001 - a request never ends the engine thread
+                log.exception("admission failed")
+                self._settle([CoreOutput(item.req_id, error=ModelError(f"admission failed: {type(e).__name__}"))])
         if aborts:
             self.core.abort(aborts)
 

@@ -53,8 +53,9 @@ STOP_LIMIT_S = 15.0
 class ProcessEngine:
     """An ``EngineClient`` over an engine core in a child process."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, child: Callable[[EngineConfig, Connection], None] | None = None) -> None:
         self.config = config
+        self._child = child if child is not None else child_main  # the process's entry point
         self.model_tag = "chunlian-couplet@loading"
         self.stats = EngineStats(max_queue_size=config.max_queue_size)
         self._listeners: list[Callable[[StepReport], None]] = []
@@ -79,7 +80,7 @@ class ProcessEngine:
         ctx = mp.get_context("spawn")  # never fork a process that may hold torch threads
         parent, child = ctx.Pipe(duplex=True)
         self._conn = parent
-        self._proc = ctx.Process(target=child_main, args=(self.config, child),
+        self._proc = ctx.Process(target=self._child, args=(self.config, child),
                                  name="chunlian-engine-core", daemon=True)
         self._proc.start()
         child.close()

@@ -26,12 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chunlian.types import BeamParams, CoupletRequest, Quality, Served
+from chunlian.types import BEST_SEARCH_ROWS, BeamParams, CoupletRequest, Quality, Served
 
 # the search is width 32 (narrower searches lose more than BLEU shows when read blind); only
 # its best 16 lines are reranked, half the rescoring for 93-100% of the BLEU gain
 # (docs/performance.md, "Quality mode: search width and rescoring")
-BEST = BeamParams(width=32, channel_weight=0.75, rescore_weight=0.5, rescore_top=16)
+BEST = BeamParams(width=BEST_SEARCH_ROWS, channel_weight=0.75, rescore_weight=0.5, rescore_top=16)
 GOOD = BeamParams(width=8, channel_weight=0.75, rescore_weight=0.5)
 # the searching modes, best first; anything else is ``fast``
 SEARCHES: tuple[tuple[Served, BeamParams], ...] = (("best", BEST), ("good", GOOD))
