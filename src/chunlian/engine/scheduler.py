@@ -24,7 +24,11 @@ Admission rules
     more than that share: every row in a step shares its cost, so bulk rows slow interactive
     answers even when slots are free. With no interactive work, bulk fills every slot. This
     is the one place the bulk share is enforced: job runners send bulk work at ``bulk``
-    priority and leave the pacing to the scheduler.
+    priority and leave the pacing to the scheduler. The head of the interactive queue is
+    never kept out by that share: bulk holds no more than leaves it room, so it waits at
+    most for the rows running when it became the head, whatever the pool's size.
+  * An engine with nothing it can run sleeps until something can change: the first waiting
+    request's max wait, else the first waiting deadline (new requests wake it).
   * Searches (``engine.tiers``: the best and good modes): with ``beam_rows`` > 0 their rows
     are a pool of their own (the reverse-trained weights' runner), so a search waiting for
     rows never holds up greedy requests behind it, nor they it. Bulk searches keep to the
@@ -268,9 +272,18 @@ class Scheduler:
         admitted = sum(self._by_id[i].remaining for i in plan.prefill if i in self._by_id)
         plan.decode = self.live_seqs + self.live_search_rows > admitted
         if not plan.has_work and self.queue_depth:
-            first = min(q[0].arrival_s for q in self.waiting.values() if q)
-            plan.idle_wait_s = max(0.0, first + self.cfg.max_wait_ms / 1000.0 - now_s)
+            plan.idle_wait_s = self._idle_wait_s(now_s)
         return plan
+
+    def _idle_wait_s(self, now_s: float) -> float:
+        """How long an engine with nothing to run may sleep: until the first waiting request's
+        max wait ends; past it, nothing was admitted, and only a new input (which wakes the
+        engine) or a waiting request's deadline changes that, so until the first deadline."""
+        waiting = [r for q in self.waiting.values() for r in q]
+        first = min(r.arrival_s for r in waiting) + self.cfg.max_wait_ms / 1000.0
+        if first > now_s:
+            return first - now_s
+        return max(0.0, min(r.deadline_s for r in waiting) - now_s)
 
     def _admit(self, plan: StepPlan, now_s: float) -> None:
         cap = self.cfg.max_batch_size
@@ -289,13 +302,32 @@ class Scheduler:
         # more rows asked for than free: the engine is saturated, auto requests get no search
         self._backlog = self._waiting_seqs(cap - self.live_seqs + 1) > cap - self.live_seqs
         bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
-        share = bulk_rows(cap, self.cfg.bulk_min_share)
-        reserve = max(0, share - self.live_bulk_seqs) if bulk_q else 0
+        reserve = max(0, self._bulk_floor() - self.live_bulk_seqs) if bulk_q else 0
         self._take(inter_q, cap - self.live_seqs - reserve if main_ok else 0, plan, now_s)
         bulk_room = cap - self.live_seqs
-        if inter_q or self.live_seqs > self.live_bulk_seqs:  # interactive work: bulk keeps to its share
-            bulk_room = min(bulk_room, share - self.live_bulk_seqs)
+        if inter_q or self.live_seqs > self.live_bulk_seqs:  # interactive work: bulk keeps to its floor
+            bulk_room = min(bulk_room, self._bulk_floor() - self.live_bulk_seqs)
         self._take(bulk_q, bulk_room if main_ok else 0, plan, now_s)
+
+    def _bulk_floor(self) -> int:
+        """Main rows bulk may hold beside interactive work: its share (``bulk_rows``), or its
+        head's rows while it holds none (a bulk request wider than a share above 0 still runs), but
+        never so many that the interactive head cannot fit once the rows it waits for are free.
+        So the head of the interactive queue waits at most for the rows running when it
+        became the head, whatever the pool's size (with 8 rows the share is one row, and an
+        ``n=8`` request beside it would otherwise never fit)."""
+        cap = self.cfg.max_batch_size
+        floor = bulk_rows(cap, self.cfg.bulk_min_share)
+        bulk_q = self.waiting["bulk"]
+        if floor and bulk_q and self.live_bulk_seqs == 0 and not self._pooled_tier(bulk_q[0]):
+            floor = max(floor, bulk_q[0].n_seqs)
+        head = next((r for r in self.waiting["interactive"] if not self._pooled_tier(r)), None)
+        return floor if head is None else min(floor, cap - head.n_seqs)
+
+    def _pooled_tier(self, r: SchedRequest) -> bool:
+        """Whether ``r``'s rows come from the search pool (an ``auto`` one: not yet known, so
+        counted in the main pool, where its greedy answer would run)."""
+        return r.tier is not None and self._pooled(r.tier)
 
     def _waiting_seqs(self, limit: int) -> int:
         """Sequences waiting, counted up to ``limit`` (each step asks; the queue can be long)."""
