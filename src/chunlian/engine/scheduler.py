@@ -32,7 +32,10 @@ Admission rules
   * Searches (``engine.tiers``: the best and good modes): with ``beam_rows`` > 0 their rows
     are a pool of their own (the reverse-trained weights' runner), so a search waiting for
     rows never holds up greedy requests behind it, nor they it. Bulk searches keep to the
-    bulk share of that pool (at least one search) while interactive work runs or waits.
+    bulk share of that pool (at least one search) while interactive work runs or waits. A
+    bulk search that waited for that pool a quarter of its timeout (at most 5 s) is written
+    greedily in the main pool, where bulk has its floor; a bulk search is never refused as
+    unreachable.
   * Quality ``auto``: its mode is chosen when it is admitted (``StepDown.choose``), from the
     measured queue wait of interactive requests against its deadline and the free search
     rows. A ``best`` request whose deadline the measured service times say cannot be met
@@ -51,6 +54,10 @@ from chunlian.types import BatchingMode, Priority, Served
 
 KNOBS = EngineSettings.defaults()  # the engine knobs' defaults
 EWMA_WEIGHT = 0.2  # weight of the newest sample in the measured waits and service times
+# a bulk search waits for search rows at most this share of its timeout, and at most this
+# long, before it is written greedily (``Scheduler._overdue``)
+BULK_SEARCH_WAIT_SHARE = 0.25
+BULK_SEARCH_MAX_WAIT_S = 5.0
 
 
 @dataclass
@@ -168,8 +175,8 @@ class Scheduler:
             raise ValueError(f"request needs {rows} slots, its pool has {self._pool_rows(req.tier)}")
         if self.queue_depth >= self.cfg.max_queue_size:
             raise QueueFull()
-        if req.tier is not None and self._pooled(req.tier):
-            self._check_reachable(req, rows)
+        if req.tier is not None and self._pooled(req.tier) and req.priority == "interactive":
+            self._check_reachable(req, rows)  # a bulk search steps down instead (``_overdue``)
         self.waiting[req.priority].append(req)
         self._by_id[req.req_id] = req
 
@@ -382,6 +389,9 @@ class Scheduler:
             tier = r.tier if r.tier is not None else self._choose(r, room, now_s, searches=not skipped)
             if tier == "best" and r.priority == "bulk" and self._pooled(tier) and not skipped:
                 tier = self._bulk_search(r)
+            if self._pooled(tier) and self._overdue(r, now_s) and (
+                    skipped or r.rows_as(tier) > self._search_room(r.priority)):
+                tier = "fast"
             rows = r.rows_as(tier)
             if self._pooled(tier):
                 if skipped or rows > self._search_room(r.priority):
@@ -403,6 +413,15 @@ class Scheduler:
         if r.rows_as("best") <= room or r.rows_as("good") > room:
             return "best"
         return "good"
+
+    def _overdue(self, r: SchedRequest, now_s: float) -> bool:
+        """Whether bulk search ``r`` has waited for search rows as long as it may: then it is
+        written greedily in the main pool, where bulk has its floor (its answer says ``fast``),
+        instead of waiting for its deadline under steady interactive search demand."""
+        if r.priority != "bulk":
+            return False
+        bound_s = min(BULK_SEARCH_MAX_WAIT_S, BULK_SEARCH_WAIT_SHARE * (r.deadline_s - r.arrival_s))
+        return now_s - r.arrival_s >= bound_s
 
     def _start(self, r: SchedRequest, tier: Served, rows: int, plan: StepPlan, now_s: float) -> None:
         auto = r.tier is None
