@@ -151,7 +151,8 @@ class Engine:
         timeout_s = self.config.timeout_s(req)
         # the core enforces the deadline; the extra second only guards against a stuck
         # engine so that no caller ever waits for ever
-        return await self._inflight.wait(req.identity(), lambda: self._submit(req, timeout_s), timeout_s + 1.0)
+        return await self._inflight.wait(req.identity(), lambda: self._submit(req, timeout_s), timeout_s + 1.0,
+                                         bulk=req.priority == "bulk")
 
     def _submit(self, req: CoupletRequest, timeout_s: float) -> Submitted[CoupletResult]:
         assert self._loop is not None

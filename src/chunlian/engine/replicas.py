@@ -225,7 +225,8 @@ class ReplicatedEngine:
             return task, abort
 
         # each replica guards its own deadline; this margin only outlasts theirs
-        return await self._inflight.wait(req.identity(), submit, self.config.timeout_s(req) + 5.0)
+        return await self._inflight.wait(req.identity(), submit, self.config.timeout_s(req) + 5.0,
+                                         bulk=req.priority == "bulk")
 
     async def _generate_routed(self, req: CoupletRequest) -> CoupletResult:
         """A request whose replica stopped under it (``EngineStopped``) is sent once more, to
