@@ -197,13 +197,14 @@ class EngineCore:
 
     def _tier(self, req: CoupletRequest) -> Served | None:
         """The mode that answers ``req`` whatever the load (None: the scheduler chooses). A
-        request with a search of its own (CLI, sweeps) runs it as it is; with a search pool,
-        only the presets' searches are served, from that pool."""
+        request with a search of its own (CLI, offline quality mode, Celery jobs, sweeps)
+        runs it as it is and its answer names the preset it ran (``served_of``); with a
+        search pool, only the presets' searches are served, from that pool."""
         if req.params.beam is None:
             return fixed_tier(req, self.search_runner is not None)
         tier = served_of(req, None)
         if self.search_runner is None:
-            return "fast"  # searches share the one runner's rows: its own rows (``params.rows``)
+            return tier  # searches share the one runner's rows: its own rows (``params.rows``)
         if tier == "fast":
             raise InvalidInput("this engine searches only with its quality presets; use quality", "beam")
         return tier
