@@ -24,6 +24,7 @@ class FakeReplica:
     def __init__(self, name: str, fail_start: bool = False) -> None:
         self.name = name
         self.model_tag = f"fake@{name}"
+        self.search_tag = f"fake@rev-{name}"
         self.stats = EngineStats()
         self.sent: list[CoupletRequest] = []
         self.gates: list[asyncio.Event] = []

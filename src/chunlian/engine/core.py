@@ -40,6 +40,7 @@ from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand
 from chunlian.engine.rerank import HengpiChooser, build_result
 from chunlian.engine.rescore import BeamJob, Rescorer
 from chunlian.engine.scheduler import (
+    Hopeless,
     QueueFull,
     SchedRequest,
     Scheduler,
@@ -187,6 +188,9 @@ class EngineCore:
         except QueueFull:
             self.stats.rejected += 1
             raise Overloaded(f"queue full ({self.config.max_queue_size} waiting)", 1.0) from None
+        except Hopeless as e:  # no retry can help: say why, and what would
+            self.stats.rejected += 1
+            raise InvalidInput(f"{e}; give a longer timeout_ms or ask for quality auto", "timeout_ms") from None
         except Unreachable as e:
             self.stats.rejected += 1
             raise Overloaded(f"the best mode cannot answer within the deadline ({e})",

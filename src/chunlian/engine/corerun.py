@@ -43,7 +43,7 @@ class CoreLoop:
         self._stats_due = 0.0
 
     def run(self) -> None:
-        self.conn.send(Ready(self.core.model_tag))
+        self.conn.send(Ready(self.core.model_tag, self.core.search_tag))
         try:
             while self._turn():
                 pass

@@ -108,6 +108,10 @@ class ReplicatedEngine:
     def model_tag(self) -> str:
         return self.replicas[0].model_tag
 
+    @property
+    def search_tag(self) -> str:
+        return self.replicas[0].search_tag
+
     async def start(self) -> None:
         """Start every replica at once; if one fails, stop the others and raise its error.
         With a factory, a supervisor then replaces any replica that stops. Once: a second

@@ -16,7 +16,8 @@ Admission rules
     every step (on this CPU a small forward costs about as much as a full decode step).
     A newcomer waits at most a few decode steps for this.
   * Deadlines count queue time: a waiting request whose deadline passed is dropped before it
-    reaches the model (``expired``); a running one is released (``release``).
+    reaches the model (``expired``); a running one is released (``release``) once
+    ``RUNNING_GRACE_S`` more have passed, so an answer nearly done is finished and cached.
   * Cancellation: a cancelled waiting request is dropped; a running one frees its slots.
   * Priorities: interactive first, FIFO within a class. Whenever bulk work waits it may hold
     up to ``bulk_min_share`` of the slots (at least one) even while interactive work waits,
@@ -58,6 +59,10 @@ EWMA_WEIGHT = 0.2  # weight of the newest sample in the measured waits and servi
 # long, before it is written greedily (``Scheduler._overdue``)
 BULK_SEARCH_WAIT_SHARE = 0.25
 BULK_SEARCH_MAX_WAIT_S = 5.0
+# a running request is released this long after its deadline: its caller has had its 504,
+# and an answer finished meanwhile is cached for the retry (``api.service``); a request still
+# waiting is dropped at its deadline
+RUNNING_GRACE_S = 0.5
 
 
 @dataclass
@@ -145,6 +150,16 @@ class Unreachable(Exception):
         self.wait_s = wait_s
 
 
+class Hopeless(Exception):
+    """Raised by ``add`` for a search whose mode, at its measured service time, takes longer
+    than the request's whole timeout: no wait and no retry can help."""
+
+    def __init__(self, tier: str, took_s: float, timeout_s: float) -> None:
+        super().__init__(f"the {tier} mode takes about {took_s:.1f} s here, more than the "
+                         f"request's timeout of {timeout_s:.1f} s")
+        self.took_s = took_s
+
+
 class Scheduler:
     """Decides admission, batching, modes and dropping; the module docstring has the rules."""
 
@@ -169,7 +184,8 @@ class Scheduler:
 
     def add(self, req: SchedRequest) -> None:
         """Queue a request; raises ``QueueFull`` past ``max_queue_size``, ``Unreachable``
-        for a search whose deadline cannot be met."""
+        for a search whose deadline cannot be met now, ``Hopeless`` for one whose mode takes
+        longer than its whole timeout."""
         rows = req.rows_as(req.tier) if req.tier is not None else req.n_seqs
         if rows > self._pool_rows(req.tier):
             raise ValueError(f"request needs {rows} slots, its pool has {self._pool_rows(req.tier)}")
@@ -248,6 +264,8 @@ class Scheduler:
         took = self.service_s.get(req.tier)
         if took is None or not math.isfinite(req.deadline_s):
             return
+        if took > req.deadline_s - req.arrival_s:
+            raise Hopeless(req.tier, took, req.deadline_s - req.arrival_s)
         ahead = self.live_search_rows + sum(
             r.rows_as(r.tier) for q in self.waiting.values() for r in q
             if r.tier is not None and self._pooled(r.tier))
@@ -272,7 +290,7 @@ class Scheduler:
             q.clear()
             q.extend(kept)
         for r in list(self.running.values()):
-            if r.cancelled or r.deadline_s <= now_s:
+            if r.cancelled or r.deadline_s + RUNNING_GRACE_S <= now_s:
                 plan.release.append(r.req_id)
                 self.fail_running(r.req_id)
         self._admit(plan, now_s)
