@@ -13,9 +13,9 @@ weights' forward score. ``auto`` requests get their mode when the scheduler admi
 
 The core has no thread, no event loop and no clock of its own beyond ``time.monotonic``:
 
-    add_request(CoreRequest)   queue a request (raises Overloaded or InvalidInput at once)
+    add_request(CoreRequest)   queue a request (raises Overloaded, InvalidInput or ModelError at once)
     abort(req_ids)             cancel requests, queued or running (idempotent)
-    step() -> [CoreOutput]     plan, run one model step, return the requests that ended
+    step() -> [CoreOutput]     plan, run one model step, return the requests that ended (never raises)
 
 Every request added ends in exactly one ``CoreOutput``: a result, or an error (deadline,
 cancellation, model failure, shutdown through ``fail_all``). Clients (``engine.engine``'s
@@ -37,7 +37,7 @@ from chunlian.engine.config import EngineConfig
 from chunlian.engine.coreapi import CoreOutput, CoreRequest, Runner
 from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand
-from chunlian.engine.rerank import HengpiChooser, build_result
+from chunlian.engine.rerank import HengpiChooser, build_result, distinct
 from chunlian.engine.rescore import BeamJob, Rescorer
 from chunlian.engine.scheduler import (
     Hopeless,
@@ -48,7 +48,7 @@ from chunlian.engine.scheduler import (
     Unreachable,
 )
 from chunlian.engine.stats import EngineStats, StepReport
-from chunlian.engine.tiers import BEST, SEARCH_OF, StepDown, fixed_tier, served_of
+from chunlian.engine.tiers import BEST, SEARCH_OF, StepDown, core_tier, served_of
 from chunlian.errors import (
     Cancelled,
     ChunlianError,
@@ -122,27 +122,11 @@ class EngineCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
-        """Load the model ``config`` names and build a core around it. Torch runs
-        single-threaded on the calling thread until the stepping thread calls
-        ``runner.bind_thread()`` (``ModelRunner.bind_thread`` says why)."""
-        from chunlian.engine.runner import ModelRunner, single_threaded_here
-        from chunlian.model.checkpoint import QUALITY_WEIGHTS, load_weights
-        from chunlian.model.hengpi import HengpiSelector
+        """Load the models ``config`` names (``engine.build``) and build a core around them."""
+        from chunlian.engine.build import load_parts
 
-        single_threaded_here()
-        loaded = load_weights(config.model_path, config.device)
-        log.info("loaded %s on %s", loaded.tag, config.device)
-        runner = ModelRunner(loaded, capacity=config.max_batch_size, device=config.device,
-                             threads=config.torch_threads, blocklist=config.blocklist)
-        search, rescorer, search_tag = None, None, None
-        if config.beam_rows > 0:  # the quality modes: the search weights, reranked by both
-            searching = load_weights(config.search_model_path or QUALITY_WEIGHTS, config.device)
-            log.info("loaded %s on %s for the quality modes", searching.tag, config.device)
-            search = ModelRunner(searching, capacity=config.beam_rows, device=config.device,
-                                 threads=config.torch_threads, blocklist=config.blocklist)
-            rescorer = Rescorer(searching, (loaded,))
-            search_tag = searching.tag
-        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag, rescorer, search, search_tag)
+        p = load_parts(config)
+        return cls(config, p.runner, p.hengpi, p.model_tag, p.rescorer, p.search_runner, p.search_tag)
 
     def bind_thread(self) -> None:
         """Called on the stepping thread before its first step (``ModelRunner.bind_thread``)."""
@@ -180,7 +164,7 @@ class EngineCore:
             raise InvalidInput(f"n must be at most {self.config.max_batch_size}", "n")
         if req.params.beam is not None and self.rescorer is None and req.params.beam.reranked:
             raise InvalidInput("this engine has no weights to rescore beams with", "beam")
-        tier = self._tier(req)
+        tier = core_tier(req, self.search_runner is not None)
         specs = self._expand(req, tier) if tier is not None else []
         now = time.monotonic()
         try:
@@ -198,20 +182,6 @@ class EngineCore:
         self._work[creq.req_id] = w = _Work(creq, [])
         self._assign(w, specs, tier)
         self.stats.queue_depth = self.scheduler.queue_depth
-
-    def _tier(self, req: CoupletRequest) -> Served | None:
-        """The mode that answers ``req`` whatever the load (None: the scheduler chooses). A
-        request with a search of its own (CLI, offline quality mode, Celery jobs, sweeps)
-        runs it as it is and its answer names the preset it ran (``served_of``); with a
-        search pool, only the presets' searches are served, from that pool."""
-        if req.params.beam is None:
-            return fixed_tier(req, self.search_runner is not None)
-        tier = served_of(req, None)
-        if self.search_runner is None:
-            return tier  # searches share the one runner's rows: its own rows (``params.rows``)
-        if tier == "fast":
-            raise InvalidInput("this engine searches only with its quality presets; use quality", "beam")
-        return tier
 
     def _expand(self, req: CoupletRequest, tier: Served) -> list[SeqSpec]:
         """``req``'s sequences as ``tier`` writes them (``request.expand``)."""
@@ -394,7 +364,7 @@ class EngineCore:
             out = outputs[0]
             outputs = ranked if ranked is not None else [
                 SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in out.beams]
-            outputs = _distinct(outputs)[: req.params.n]
+            outputs = distinct(outputs)[: req.params.n]
         try:
             tag = self.search_tag if searched else self.model_tag
             result = replace(build_result(req, outputs, self.hengpi, tag, ranked=searched),
@@ -448,10 +418,3 @@ class EngineCore:
                 self.stats.deadline_drops += 1
         self._out.append(CoreOutput(w.req.req_id, result, error, beams))
 
-
-def _distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
-    """``outputs`` without repeated lines, first kept (a search's dead slots repeat its best)."""
-    first: dict[str, SeqOutput] = {}
-    for o in outputs:
-        first.setdefault(o.lower, o)
-    return list(first.values())

@@ -81,3 +81,11 @@ def build_result(
     return CoupletResult(
         best=couplets[0], candidates=tuple(couplets) if req.params.n > 1 else (), model=model_tag
     )
+
+
+def distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
+    """``outputs`` without repeated lines, first kept (a search's dead slots repeat its best)."""
+    first: dict[str, SeqOutput] = {}
+    for o in outputs:
+        first.setdefault(o.lower, o)
+    return list(first.values())

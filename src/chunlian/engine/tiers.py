@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from chunlian.errors import InvalidInput
 from chunlian.types import BEST_SEARCH_ROWS, BeamParams, CoupletRequest, Quality, Served
 
 # the search is width 32 (narrower searches lose more than BLEU shows when read blind); only
@@ -47,6 +48,22 @@ def fixed_tier(req: CoupletRequest, searching: bool) -> Served | None:
     if req.quality == "best":
         return "best"
     return None
+
+
+def core_tier(req: CoupletRequest, pooled: bool) -> Served | None:
+    """The mode that answers ``req`` in an engine core whatever the load (None: the scheduler
+    chooses); ``pooled``: the core has a search pool. A request with a search of its own
+    (CLI, offline quality mode, Celery jobs, sweeps) runs it as it is and its answer names the
+    preset it ran (``served_of``); with a search pool, only the presets' searches are served,
+    from that pool (raises ``InvalidInput`` for another)."""
+    if req.params.beam is None:
+        return fixed_tier(req, pooled)
+    tier = served_of(req, None)
+    if not pooled:
+        return tier  # searches share the one runner's rows: their own rows (``params.rows``)
+    if tier == "fast":
+        raise InvalidInput("this engine searches only with its quality presets; use quality", "beam")
+    return tier
 
 
 def served_of(req: CoupletRequest, tier: Served | None) -> Served:
