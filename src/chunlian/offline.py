@@ -66,7 +66,7 @@ def check_beam(width: int) -> int:
 
 
 def check_channel(weight: float, beam_width: int) -> float:
-    """A channel-rerank weight (``model.channel``): 0 (off) or positive with a beam."""
+    """A channel-rerank weight (``engine.channel``): 0 (off) or positive with a beam."""
     if not 0.0 <= weight <= MAX_CHANNEL_WEIGHT:
         raise InvalidInput(f"channel weight must be between 0 and {MAX_CHANNEL_WEIGHT}, got {weight}", "channel")
     if weight > 0 and beam_width < 2:
@@ -117,10 +117,10 @@ class OfflineGenerator:
     hengpi: object | None
     beam_width: int = 1  # > 1: greedy 下联 requests are answered by a constrained beam search
     # > 0 (with beam_width > 1): the beam's candidates are reranked by
-    # log p(lower | upper) + channel_weight * log p(upper | lower) (model.channel)
+    # log p(lower | upper) + channel_weight * log p(upper | lower) (engine.channel)
     channel_weight: float = 0.0
     # > 0 (with a beam): rescore_weight * log p(lower | upper) of these other weights joins
-    # each candidate's score (a second opinion on the beam's candidates; model.channel)
+    # each candidate's score (a second opinion on the beam's candidates; engine.channel)
     rescorers: tuple[LoadedModel, ...] = ()
     rescore_weight: float = 0.0
     rescore_top: int = 0  # rerank only the beam's best lines (0: every one; ``BeamParams``)

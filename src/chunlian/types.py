@@ -27,7 +27,7 @@ class BeamParams:
     """A constrained beam search of ``width`` rows, its final candidates reranked by
     ``log p(lower | upper)`` + ``channel_weight`` x the searching weights' channel score
     ``log p(upper | lower)`` + ``rescore_weight`` x the forward score of the engine's
-    rescoring weights (``model.channel``). Deterministic, like a greedy answer."""
+    rescoring weights (``engine.channel``). Deterministic, like a greedy answer."""
 
     width: int
     channel_weight: float = 0.0
