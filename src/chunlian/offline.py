@@ -12,8 +12,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from chunlian.data.blocklist import Blocklist
+from chunlian.engine.batch import run_batch
 from chunlian.engine.config import EngineConfig
-from chunlian.engine.core import CoreOutput, CoreRequest, EngineCore
+from chunlian.engine.core import CoreOutput, EngineCore
 from chunlian.engine.request import BeamHyp
 from chunlian.engine.rescore import Rescorer
 from chunlian.engine.runner import ModelRunner
@@ -199,23 +200,5 @@ class OfflineGenerator:
         return [o.beams for o in self.run(reqs)]
 
     def run(self, requests: list[CoupletRequest]) -> list[CoreOutput]:
-        """Each request's output from the core, in input order (an error output for a request
-        the core refuses). Requests enter the core as rows free up, a window at a time."""
-        outs: list[CoreOutput | None] = [None] * len(requests)
-        window = _WINDOW_FACTOR * self.runner.capacity  # requests queued in the core at a time
-        nxt = 0
-        try:
-            while nxt < len(requests) or self.core.has_unfinished:
-                while nxt < len(requests) and self.core.queue_depth < window:
-                    try:
-                        self.core.add_request(CoreRequest(nxt, replace(requests[nxt], timeout_s=None)))
-                    except ChunlianError as e:
-                        outs[nxt] = CoreOutput(nxt, error=e)
-                    nxt += 1
-                for out in self.core.step():
-                    outs[out.req_id] = out
-        finally:  # an exception mid-batch leaves no request, and no row, behind
-            if self.core.has_unfinished:
-                self.core.fail_all(ModelError("generation interrupted"))
-        return [o if o is not None else CoreOutput(i, error=ModelError("no answer")) for i, o in enumerate(outs)]
-
+        """Each request's output from the core, in input order (``engine.batch.run_batch``)."""
+        return run_batch(self.core, requests, _WINDOW_FACTOR * self.runner.capacity)
