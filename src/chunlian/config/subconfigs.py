@@ -115,7 +115,7 @@ class EngineSettings(SubConfig):
     # a best search holds 32 rows (engine.tiers): 64 let two run beside the greedy rows; each
     # replica gets this many (a search cannot be split across replicas)
     beam_rows: int = Field(64, ge=0, le=1024)
-    """Rows of each engine (replica) for the quality modes' searches, beside `max_batch_size`; a best answer holds 32. 0: no quality modes (every request is served fast)."""
+    """Rows of each engine (replica) for the quality modes' searches, beside `max_batch_size`: 0 (no quality modes: every request is served fast) or at least 32, the rows of one best answer."""
     search_model_path: Path | None = None
     """Weights the quality modes search with (trained with reversed pairs too, `chunlian train --augment-reverse`); unset: the shipped ones."""
     # auto serves best while the measured queue wait is at most this share of the request's
