@@ -62,6 +62,7 @@ from chunlian.types import Priority, Served
 
 __all__ = ["Hopeless", "QueueFull", "SchedRequest", "Scheduler", "SchedulerConfig", "StepPlan",
            "Unreachable", "bulk_rows"]
+
 EWMA_WEIGHT = 0.2  # weight of the newest sample in the measured waits and service times
 # a bulk search waits for search rows at most this share of its timeout, and at most this
 # long, before it is written greedily (``Scheduler._overdue``)
