@@ -176,3 +176,19 @@ def test_a_bulk_search_is_never_refused_as_unreachable_it_steps_down_instead() -
     s.plan(0.0)
     s.add(req(2, "best", prio="bulk", deadline=1.5))  # would be Unreachable at interactive priority
     assert [r.req_id for r in s.waiting["bulk"]] == [2]
+
+
+def test_bulk_searches_behind_bulk_searches_alone_wait_their_turn_at_full_width() -> None:
+    s = sched(beam_rows=64)
+    for i in range(8):
+        s.add(req(i, "best", prio="bulk", deadline=60.0))
+    served: dict[int, str] = {}
+    started: dict[int, float] = {}
+    for k in range(40):
+        now = k * 1.0  # each search takes 3 s: the last pair waits 9 s, past the 5 s bound
+        for i in [i for i, t in started.items() if now - t >= 3.0 and i in s.running]:
+            s.on_seqs_finished(i, s.running[i].remaining, now)
+        plan = s.plan(now)
+        for i in plan.prefill:
+            served[i], started[i] = plan.tiers.get(i, "best"), now
+    assert served == {i: "best" for i in range(8)} and max(started.values()) == 9.0

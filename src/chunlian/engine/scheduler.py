@@ -34,9 +34,9 @@ Admission rules
     are a pool of their own (the reverse-trained weights' runner), so a search waiting for
     rows never holds up greedy requests behind it, nor they it. Bulk searches keep to the
     bulk share of that pool (at least one search) while interactive work runs or waits. A
-    bulk search that waited for that pool a quarter of its timeout (at most 5 s) is written
-    greedily in the main pool, where bulk has its floor; a bulk search is never refused as
-    unreachable.
+    bulk search that waited for that pool a quarter of its timeout (at most 5 s) while
+    interactive searches hold or wait for it is written greedily in the main pool, where bulk
+    has its floor; a bulk search is never refused as unreachable.
   * Quality ``auto``: its mode is chosen when it is admitted (``StepDown.choose``), from the
     measured queue wait of interactive requests against its deadline and the free search
     rows. A ``best`` request whose deadline the measured service times say cannot be met
@@ -347,13 +347,20 @@ class Scheduler:
         return "good"
 
     def _overdue(self, r: SchedRequest, now_s: float) -> bool:
-        """Whether bulk search ``r`` has waited for search rows as long as it may: then it is
-        written greedily in the main pool, where bulk has its floor (its answer says ``fast``),
-        instead of waiting for its deadline under steady interactive search demand."""
+        """Whether bulk search ``r`` has waited for search rows as long as it may while
+        interactive searches hold or wait for them: then it is written greedily in the main
+        pool, where bulk has its floor (its answer says ``fast``), instead of waiting for its
+        deadline under steady interactive search demand. Behind bulk searches alone it waits
+        its turn (a job's items progress in order)."""
         if r.priority != "bulk":
             return False
         bound_s = min(BULK_SEARCH_MAX_WAIT_S, BULK_SEARCH_WAIT_SHARE * (r.deadline_s - r.arrival_s))
-        return now_s - r.arrival_s >= bound_s
+        return now_s - r.arrival_s >= bound_s and self._interactive_searches()
+
+    def _interactive_searches(self) -> bool:
+        """Whether interactive searches hold search rows or wait for them."""
+        return self.live_search_rows > self.live_bulk_search_rows or any(
+            r.tier is not None and self._pooled(r.tier) for r in self.waiting["interactive"])
 
     def _start(self, r: SchedRequest, tier: Served, rows: int, plan: StepPlan, now_s: float) -> None:
         auto = r.tier is None
