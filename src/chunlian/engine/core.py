@@ -37,7 +37,7 @@ from chunlian.engine.config import EngineConfig
 from chunlian.engine.coreapi import CoreOutput, CoreRequest, Runner
 from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand
-from chunlian.engine.rerank import HengpiChooser, build_result, distinct
+from chunlian.engine.rerank import HengpiChooser, build_result, searched_lines
 from chunlian.engine.rescore import BeamJob, Rescorer
 from chunlian.engine.scheduler import (
     Hopeless,
@@ -332,28 +332,23 @@ class EngineCore:
         for w in done:
             self._finish(w, ranked.get(w.req.req_id))
 
-    def _rerank(self, beams: list[_Work]) -> dict[int, list[SeqOutput]]:
-        """The reranked lines of finished beams (one batched pass per rescoring model)."""
-        todo = [w for w in beams if w.beam is not None and w.beam.reranked]
+    def _rerank(self, beams: list[_Work]) -> dict[int, list[BeamHyp]]:
+        """The reranked lines of finished beams (one batched pass per rescoring model); each
+        beam's ``outputs[0].upper`` is the searched (model) form of its 上联."""
+        todo = [(w, w.beam) for w in beams if w.beam is not None and w.beam.reranked]
         if not todo or self.rescorer is None:
             return {}
         try:
-            order = self.rescorer.rerank([self._beam_job(w) for w in todo])
+            order = self.rescorer.rerank([BeamJob(w.outputs[0].upper, w.req.request.style, beam, w.outputs[0].beams)
+                                          for w, beam in todo])
         except Exception as e:
             log.exception("rescoring failed")
-            for w in todo:
+            for w, _ in todo:
                 self._end(w, error=ModelError(f"rescoring failed: {type(e).__name__}"))
             return {}
-        return {w.req.req_id: [SeqOutput(w.outputs[0].seq_id, w.outputs[0].upper, h.lower, h.logprob_mean)
-                               for h in hyps] for w, hyps in zip(todo, order, strict=True)}
+        return {w.req.req_id: hyps for (w, _), hyps in zip(todo, order, strict=True)}
 
-    @staticmethod
-    def _beam_job(w: _Work) -> BeamJob:
-        out = w.outputs[0]  # ``out.upper`` is the searched (model) form
-        assert w.beam is not None
-        return BeamJob(out.upper, w.req.request.style, w.beam, out.beams)
-
-    def _finish(self, w: _Work, ranked: list[SeqOutput] | None) -> None:
+    def _finish(self, w: _Work, ranked: list[BeamHyp] | None) -> None:
         """Build the request's result: a beam's best ``n`` lines in their ranked order."""
         if w.req.req_id not in self._work:  # ended already (its rescoring failed)
             return
@@ -361,10 +356,7 @@ class EngineCore:
         outputs = w.outputs
         searched = w.beam is not None
         if searched:
-            out = outputs[0]
-            outputs = ranked if ranked is not None else [
-                SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in out.beams]
-            outputs = distinct(outputs)[: req.params.n]
+            outputs = searched_lines(outputs[0], ranked, req.params.n)
         try:
             tag = self.search_tag if searched else self.model_tag
             result = replace(build_result(req, outputs, self.hengpi, tag, ranked=searched),
@@ -408,13 +400,6 @@ class EngineCore:
             return
         for s in w.specs:
             self._seq_owner.pop(s.seq_id, None)
-        if error is None:
-            self.stats.completed += 1
-        elif isinstance(error, Cancelled):
-            self.stats.cancelled += 1
-        else:
-            self.stats.failed += 1
-            if isinstance(error, DeadlineExceeded):
-                self.stats.deadline_drops += 1
+        self.stats.count_end(error)
         self._out.append(CoreOutput(w.req.req_id, result, error, beams))
 

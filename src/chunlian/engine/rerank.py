@@ -7,10 +7,10 @@ already hold for every candidate; the score prefers the likelier, better-toned o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from chunlian.engine.request import SeqOutput
+from chunlian.engine.request import BeamHyp, SeqOutput
 from chunlian.script import converted_couplet, is_traditional, traditional
 from chunlian.text import checked_positions, tone_class, with_typed_marks
 from chunlian.types import Couplet, CoupletRequest, CoupletResult
@@ -81,6 +81,13 @@ def build_result(
     return CoupletResult(
         best=couplets[0], candidates=tuple(couplets) if req.params.n > 1 else (), model=model_tag
     )
+
+
+def searched_lines(out: SeqOutput, ranked: Sequence[BeamHyp] | None, n: int) -> list[SeqOutput]:
+    """A finished search's best ``n`` distinct lines: in their reranked order (``ranked``),
+    else in the beam's own."""
+    hyps = ranked if ranked is not None else out.beams
+    return distinct([SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in hyps])[:n]
 
 
 def distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
