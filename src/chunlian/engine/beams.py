@@ -3,8 +3,9 @@
 Each group (``rows.BeamGroup``) keeps the ``width`` best partial lines by summed
 log-probability under the rule-masked distribution; every beam carries its own
 ``LineState``, so the couplet rules hold for every beam exactly as for greedy decoding. A
-step ranks all ``len(rows) x V`` continuations of a group at once (``topk``); a beam that
-survives into another beam's row has its generated keys and values gathered there (the
+step ranks all ``len(rows) x V`` continuations of a group at once (``topk``). A parent's
+first child stays in the parent's row; only a further child is written to another row (one
+whose beam left no child), and has its generated keys and values gathered there (the
 prompt's are the same for every beam of the group and are not copied again).
 """
 
@@ -71,7 +72,7 @@ def _advance_group(
             members.append(row)
     parents = [(members[s], dataclasses.replace(members[s].state), forced[s]) for s in src_l]
     moves = []
-    for k, (dst, (parent, state, f), tid) in enumerate(zip(members, parents, ids_l, strict=True)):
+    for k, (dst, (parent, state, f), tid) in enumerate(zip(_placed(members, src_l), parents, ids_l, strict=True)):
         if dst is not parent:
             moves.append((dst, parent, 0 if first else g.gen_start))
         ch = f if f is not None else tok.itos[tid]
@@ -87,17 +88,32 @@ def _advance_group(
     return moves
 
 
+def _placed(members: list[Row], src_l: list[int]) -> list[Row]:
+    """The row each new beam (best first; ``src_l``: its parent's index in ``members``) is
+    written to: a parent's first child stays in the parent's own row, whose keys and values
+    are already its prefix; only the further children take the rows of parents left without
+    children, and only those rows are copied (``_copy_kv``). A row's place in the cache does
+    not change what is computed for it, so the beams' scores are the same as with any layout."""
+    placed: list[Row | None] = [None] * len(src_l)
+    kept: set[int] = set()
+    for k, s in enumerate(src_l):
+        if s not in kept:
+            kept.add(s)
+            placed[k] = members[s]
+    free = iter([m for i, m in enumerate(members) if i not in kept])
+    return [p if p is not None else next(free) for p in placed]
+
+
 def _copy_kv(moves: list[tuple[Row, Row, int]], live: list[Row], cache: KVCache) -> None:
-    """Gather each destination row's keys and values from its source row, in one indexed
-    copy: positions from the earliest start to the latest written one (for a group's
-    reparented beams the prompt part is the same in every row, so copying it is harmless)."""
+    """Copy each destination row's keys and values from its source row: positions from the
+    move's start to the source's latest written one. Sources and destinations are disjoint
+    (``_placed``: a source keeps a child, a destination had none), so the order is free.
+    One sliced copy per row: a move spans a few positions of every layer, and an
+    ``index_select`` over that strided span costs several times more (``docs/performance.md``)."""
     if not moves:
         return
     index = {id(r): i for i, r in enumerate(live)}
-    dst = torch.tensor([index[id(d)] for d, _, _ in moves], device=cache.k.device)
-    src = torch.tensor([index[id(s)] for _, s, _ in moves], device=cache.k.device)
-    start = min(a for _, _, a in moves)
-    end = max(s.next_pos for _, s, _ in moves)
-    for kv in (cache.k, cache.v):  # index_select + index_copy_: a fifth faster than a[idx] = a[idx]
-        span = kv[:, :, :, start:end]
-        span.index_copy_(1, dst, span.index_select(1, src))
+    for d, s, start in moves:
+        di, si, end = index[id(d)], index[id(s)], s.next_pos
+        for kv in (cache.k, cache.v):
+            kv[:, di, :, start:end].copy_(kv[:, si, :, start:end])
