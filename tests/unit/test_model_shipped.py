@@ -274,6 +274,32 @@ def test_forward_scores_share_each_prompt_and_equal_a_full_teacher_forced_pass()
     assert got[0] != got[1] and got[0] != got[2]  # same prompt, other 下联; same lines, other style
 
 
+def test_candidates_sharing_prefixes_score_as_full_passes_in_both_directions() -> None:
+    """The scorer computes a prefix its candidates share once (prefix trees): each number is
+    still a plain full pass's, for the channel reading (candidates' prompts share a stem)
+    and the forward one (their continuations do), with two requests in one call."""
+    from chunlian.engine.channel import ChannelScorer
+    from chunlian.model.tokenizer import sequence_roles
+
+    loaded = shipped()
+    tok, model = loaded.tokenizer, loaded.model
+    triples = [("春回大地", low, "traditional") for low in ("福满人间", "福满人家", "福到人间", "花开富贵")]
+    triples += [("瑞雪兆丰", low, "family") for low in ("红梅报早", "红梅报春")]
+
+    def full_pass(given: str, scored: str, style: str, register: str) -> float:
+        n = len(given)
+        ids = tok.prefix(style, register) + tok.encode(given) + [tok.sep_id] + tok.encode(scored)
+        idx = torch.tensor([ids[:-1]])
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(idx, torch.arange(idx.shape[1])[None],
+                                           torch.tensor(sequence_roles(n, n - 1))[None]).float(), dim=-1)[0]
+        return sum(float(logp[len(ids) - 1 - n + j, t]) for j, t in enumerate(ids[-n:]))
+
+    fwd, rev = ChannelScorer(loaded, forward=True), ChannelScorer(loaded)
+    assert fwd.score(triples) == pytest.approx([full_pass(u, lo, s, fwd.register) for u, lo, s in triples], abs=1e-3)
+    assert rev.score(triples) == pytest.approx([full_pass(lo, u, s, rev.register) for u, lo, s in triples], abs=1e-3)
+
+
 def test_beam_reparenting_of_generated_positions_equals_copying_the_prompt_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -29,10 +29,11 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
+from torch import Tensor
 
 from chunlian.model.checkpoint import LoadedModel
-from chunlian.model.tokenizer import lower_role, sequence_roles
-from chunlian.model.transformer import KVCache
+from chunlian.model.tokenizer import sequence_roles
+from chunlian.model.transformer import GroupInput, KVCache
 
 
 class ChannelScorer:
@@ -58,48 +59,117 @@ class ChannelScorer:
             if len(upper) != len(lower):
                 raise ValueError(f"upper and lower differ in length: {upper!r} / {lower!r}")
             by_len.setdefault(len(upper), []).append(i)
-        # (given line, scored line, style): the reading is ``prefix given [SEP] scored``
+        # (given line, scored line, style): the reading is ``prefix given [SEP] scored``;
+        # a request's candidates share its 上联 and style: one prompt tree (``_score_trees``)
         reads = [(upper, lower, style) if self.forward else (lower, upper, style) for upper, lower, style in triples]
         for idxs in by_len.values():
             for start in range(0, len(idxs), self.batch_rows):
                 chunk = idxs[start : start + self.batch_rows]
-                for i, s in zip(chunk, self._score_group([reads[i] for i in chunk]), strict=True):
-                    out[i] = s
+                keys = [(triples[i][0], triples[i][2]) for i in chunk]
+                for i, sc in zip(chunk, self._score_trees([reads[i] for i in chunk], keys), strict=True):
+                    out[i] = sc
         return out
 
     @torch.inference_mode()
-    def _score_group(self, reads: list[tuple[str, str, str]]) -> list[float]:
+    def _score_trees(self, reads: list[tuple[str, str, str]], keys: list[tuple[str, str]]) -> list[float]:
         """``log p(scored | given)`` of ``(given, scored, style)`` reads whose lines all have
-        one length ``n``, teacher-forced through a KV cache in two passes: the distinct
-        prompts ``prefix given [SEP]`` once each (the rescoring pass's candidates all share
-        their request's prompt: 32 candidates, one prompt), then every row's ``scored[:-1]``
-        after its prompt's keys and values. The prompt's last position predicts ``scored[0]``."""
-        tok, dev, cfg = self.tok, self.device, self.model.cfg
+        one length ``n``, teacher-forced as prefix trees (``_Tree``): a beam's lines share
+        most of their characters, and each shared prefix is computed once.
+
+        Pass 1: the prompts ``prefix given [SEP]`` of one key (a request: its candidates)
+        are one tree, one row. Pass 2: the ``scored[:-1]`` continuations after one prompt
+        are one tree, one row, after its prompt's keys and values (gathered from pass 1):
+        the channel reading has one prompt per candidate and one shared 上联, the forward
+        reading one shared prompt and the candidates' tree. A token attends to its
+        ancestors only; absolute position embeddings make its slot in a row irrelevant."""
+        tok, dev = self.tok, self.device
         n = len(reads[0][0])
-        prompt_of: dict[tuple[str, str], int] = {}
-        src = [prompt_of.setdefault((given, style), len(prompt_of)) for given, _, style in reads]  # [R]
-        prompts = [tok.prefix(style, self.register) + tok.encode(given) + [tok.sep_id] for given, style in prompt_of]
-        P, R, T = len(prompts), len(reads), len(prompts[0])  # T = PREFIX_LEN + n + 1
-        # a cache just long enough for this group (the model's block_size would zero ~4x more)
-        cache = KVCache(dataclasses.replace(cfg, block_size=T + n - 1), max(P, R), dev, torch.float32)
-        idx = torch.tensor(prompts, device=dev)  # [P, T]
-        causal = torch.ones(T, T, dtype=torch.bool, device=dev).tril()
-        first = self.model(idx, torch.arange(T, device=dev).expand(P, T),
-                           torch.tensor(sequence_roles(n, 0), device=dev).expand(P, T), causal.expand(P, T, T),
-                           cache, select=torch.full((P,), T - 1, device=dev))  # [P, V]: predicts scored[0]
-        rows = torch.tensor(src, device=dev)
+        roles = torch.tensor(sequence_roles(n, n - 1))  # prefix + given + [SEP] + scored[:-1]
+        T = len(roles) - (n - 1)  # prompt length: its last token predicts scored[0]
+        prompts: dict[tuple[str, str], _Tree] = {}
+        conts: dict[tuple[int, int], _Tree] = {}  # (prompt row, SEP node) -> continuation tree
+        at: list[tuple[int, int, int, list[int]]] = []  # per read: prompt row, SEP node, cont row, its nodes
+        for (given, scored, style), key in zip(reads, keys, strict=True):
+            pt = prompts.setdefault(key, _Tree(len(prompts)))
+            sep = pt.insert(tok.prefix(style, self.register) + tok.encode(given) + [tok.sep_id])[-1]
+            ct = conts.setdefault((pt.row, sep), _Tree(len(conts)))
+            at.append((pt.row, sep, ct.row, ct.insert(tok.encode(scored)[:-1])))
+        n1 = max(len(t.tokens) for t in prompts.values())
+        trees = list(conts.values())
+        m = max(len(t.tokens) for t in trees)
+        cfg = self.model.cfg  # caches just long enough (the model's block_size would zero ~4x more)
+        cache = KVCache(dataclasses.replace(cfg, block_size=n1), len(prompts), dev, torch.float32)
+        hs = [self.model.hidden_groups([_tree_input(list(prompts.values()), n1, 0, roles, dev)], cache)]
+        # each read's hidden state before each scored character: its [SEP], then its continuation
+        flat = [[p * n1 + sep] + [len(prompts) * n1 + c * m + node for node in nodes] for p, sep, c, nodes in at]
+        if m:
+            path = torch.tensor(_prompt_paths(prompts, conts), device=dev)  # [C, T]
+            src = torch.tensor([p for p, _ in conts], device=dev)
+            rest = KVCache(dataclasses.replace(cfg, block_size=T + m), len(trees), dev, torch.float32)
+            for kv, kv1 in ((rest.k, cache.k), (rest.v, cache.v)):  # each row: its prompt's keys and values
+                kv[:, :, :, :T] = kv1[:, src[:, None], :, path].permute(2, 0, 3, 1, 4)
+            hs.append(self.model.hidden_groups([_tree_input(trees, m, T, roles, dev)], rest))
+        wanted: dict[int, int] = {}  # hidden row -> its row of ``lp`` (shared nodes: once)
+        index = [[wanted.setdefault(f, len(wanted)) for f in fs] for fs in flat]
+        h = torch.cat(hs)[torch.tensor(list(wanted), device=dev)]
+        lp = torch.log_softmax(self.model.head(h).float(), dim=-1)  # [W, V]
         target = torch.tensor([tok.encode(scored) for _, scored, _ in reads], device=dev)  # [R, n]
-        lp0 = torch.log_softmax(first.float(), dim=-1)[rows]  # [R, V]
-        parts = [lp0.gather(1, target[:, :1])]  # [R, 1]
-        if n > 1:  # every row's scored[:-1] after its prompt: positions T .. T+n-2
-            if P < R:  # each row gets its prompt's keys and values (rows 0 .. P-1 hold them)
-                cache.k[:, :R, :, :T] = cache.k[:, rows, :, :T]
-                cache.v[:, :R, :, :T] = cache.v[:, rows, :, :T]
-            m = n - 1
-            mask = torch.ones(m, T + m, dtype=torch.bool, device=dev).tril(diagonal=T).expand(R, m, T + m)
-            roles = torch.tensor([lower_role(j) for j in range(1, n)], device=dev).expand(R, m)
-            rest = self.model(target[:, :m], torch.arange(T, T + m, device=dev).expand(R, m), roles, mask, cache)
-            parts.append(torch.log_softmax(rest.float(), dim=-1).gather(2, target[:, 1:, None])[..., 0])  # [R, m]
-        lp = torch.cat(parts, dim=1)  # [R, n]
-        known = target != tok.unk_id
-        return (lp * known).sum(dim=1).tolist()
+        got = lp[torch.tensor(index, device=dev), target]  # [R, n]
+        return (got * (target != tok.unk_id)).sum(dim=1).tolist()
+
+
+def _prompt_paths(prompts: dict[tuple[str, str], _Tree], conts: dict[tuple[int, int], _Tree]) -> list[list[int]]:
+    """The pass-1 nodes of each continuation row's prompt, root to [SEP]."""
+    by_row = {t.row: t for t in prompts.values()}
+    return [by_row[p].path_to(sep) for p, sep in conts]
+
+
+def _tree_input(trees: list[_Tree], width: int, cached: int, roles: Tensor, dev: torch.device) -> GroupInput:
+    """One row per tree (``width`` nodes, padded), after ``cached`` positions every node
+    attends to: ``mask [B, width, cached + width]``, a padding node attending to itself."""
+    B = len(trees)
+    idx = torch.zeros(B, width, dtype=torch.long)
+    depth = torch.zeros(B, width, dtype=torch.long)
+    mask = torch.zeros(B, width, cached + width, dtype=torch.bool)
+    mask[:, :, :cached] = True
+    mask[:, :, cached:] |= torch.eye(width, dtype=torch.bool)
+    for t in trees:
+        k = len(t.tokens)
+        idx[t.row, :k] = torch.tensor(t.tokens)
+        depth[t.row, :k] = torch.tensor(t.depth)
+        mask[t.row, t.anc_q, [cached + a for a in t.anc_k]] = True
+    pos = depth + cached
+    return GroupInput(idx.to(dev), pos.to(dev), roles[pos].to(dev), mask.to(dev))
+
+
+class _Tree:
+    """The prefix tree of one row: ``tokens`` and ``depth`` per node (parents first), and
+    the (query, key) pairs of every node's ancestors and itself (``anc_q``, ``anc_k``)."""
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+        self.tokens: list[int] = []
+        self.depth: list[int] = []
+        self.anc_q: list[int] = []
+        self.anc_k: list[int] = []
+        self._child: dict[tuple[int, int], int] = {}  # (parent node or -1, token) -> node
+
+    def insert(self, seq: list[int]) -> list[int]:
+        """Add ``seq`` as a path from the root; the node of each of its positions."""
+        path: list[int] = []
+        parent = -1
+        for d, t in enumerate(seq):
+            node = self._child.get((parent, t))
+            if node is None:
+                node = self._child[(parent, t)] = len(self.tokens)
+                self.tokens.append(t)
+                self.depth.append(d)
+                self.anc_q += [node] * (d + 1)
+                self.anc_k += path + [node]
+            path.append(node)
+            parent = node
+        return path
+
+    def path_to(self, node: int) -> list[int]:
+        """The nodes from the root to ``node``."""
+        return [k for q, k in zip(self.anc_q, self.anc_k, strict=True) if q == node]
