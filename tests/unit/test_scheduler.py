@@ -73,6 +73,29 @@ def test_expired_waiting_requests_never_reach_the_model() -> None:
     assert p.prefill == [2]
 
 
+def test_waiting_requests_expire_and_cancel_at_the_first_plan_after_it_happens() -> None:
+    """A plan scans the queue only when a waiting request was cancelled or reached its
+    deadline; the deadlines of requests admitted meanwhile neither hide nor fake one."""
+    s = sched(max_batch_size=1)
+    s.add(req(1, deadline=2.0))  # admitted: its deadline passing later expires nothing
+    s.add(req(2, deadline=3.0))
+    s.add(req(3, deadline=50.0))
+    assert s.plan(1.0).prefill == [1]
+    assert s.on_seqs_finished(1, 1)
+    s.cancel(1)  # no longer known: ignored
+    s.add(req(4, deadline=60.0))
+    s.cancel(3)
+    p = s.plan(2.5)  # 1's deadline has passed, 2's has not
+    assert p.expired == [] and p.cancelled == [3] and p.prefill == [2]
+    s.fail_running(2)
+    p = s.plan(2.6)
+    assert p.prefill == [4] and p.expired == p.cancelled == []
+    s.add(req(5, deadline=4.0))
+    assert s.plan(3.9).expired == []
+    assert s.plan(4.0).expired == [5]
+    assert s.queue_depth == 0
+
+
 def test_running_request_past_deadline_is_released() -> None:
     s = sched()
     s.add(req(1, n=2, deadline=2.0))

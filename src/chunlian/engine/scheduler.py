@@ -45,6 +45,7 @@ Admission rules
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 
@@ -90,6 +91,9 @@ class Scheduler:
         self.service_s: dict[str, float] = {}
         self._backlog = False  # set by each plan: more rows waiting than the main pool has free
         self._by_id: dict[int, SchedRequest] = {}
+        # when a plan scans the queue (``_queue_changed``): cancellations, a heap of deadlines
+        self._cancelled_waiting = 0
+        self._deadlines: list[tuple[float, int]] = []
 
     # ---- inputs --------------------------------------------------------------------------
     @property
@@ -109,12 +113,16 @@ class Scheduler:
             self._check_reachable(req, rows)  # a bulk search steps down instead (``_overdue``)
         self.waiting[req.priority].append(req)
         self._by_id[req.req_id] = req
+        if math.isfinite(req.deadline_s):  # one that never expires never makes a plan scan
+            heapq.heappush(self._deadlines, (req.deadline_s, req.req_id))
 
     def cancel(self, req_id: int) -> None:
         """Mark a request cancelled; it leaves at the next plan. Unknown ids are ignored."""
         r = self._by_id.get(req_id)
         if r is not None:
             r.cancelled = True
+            if req_id not in self.running:
+                self._cancelled_waiting += 1
 
     def on_seqs_finished(self, req_id: int, count: int, now_s: float | None = None) -> bool:
         """Record finished sequences of a running request; True when the request is done
@@ -148,6 +156,8 @@ class Scheduler:
             q.clear()
         self.running.clear()
         self._by_id.clear()
+        self._deadlines.clear()
+        self._cancelled_waiting = 0
         self.live_seqs = self.live_bulk_seqs = self.live_search_rows = self.live_bulk_search_rows = 0
 
     def tier_of(self, req_id: int) -> Served | None:
@@ -190,7 +200,7 @@ class Scheduler:
     # ---- the plan --------------------------------------------------------------------------
     def plan(self, now_s: float) -> StepPlan:
         plan = StepPlan()
-        for q in self.waiting.values():
+        for q in self.waiting.values() if self._queue_changed(now_s) else ():
             kept: deque[SchedRequest] = deque()
             for r in q:
                 if r.cancelled:
@@ -213,6 +223,17 @@ class Scheduler:
         if not plan.has_work and self.queue_depth:
             plan.idle_wait_s = self._idle_wait_s(now_s)
         return plan
+
+    def _queue_changed(self, now_s: float) -> bool:
+        """Whether a waiting request was cancelled or reached its deadline: only then does a
+        plan scan the queue (a full one holds a thousand requests; a plan comes every step)."""
+        due = self._cancelled_waiting > 0
+        heap = self._deadlines
+        while heap and heap[0][0] <= now_s:
+            rid = heapq.heappop(heap)[1]
+            due = due or (rid in self._by_id and rid not in self.running)
+        self._cancelled_waiting = 0
+        return due
 
     def _idle_wait_s(self, now_s: float) -> float:
         """How long an engine with nothing to run may sleep: until the first waiting request's
