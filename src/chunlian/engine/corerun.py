@@ -2,7 +2,7 @@
 process's one thread, with no event loop (``engine.process.child_main`` runs it).
 
 Each turn takes every message waiting on the pipe, runs one core step and sends the
-requests that ended as one ``Answers`` message. With nothing to run, the loop sleeps on the
+requests that ended, and the adds it refused, as one ``Answers`` message. With nothing to run, the loop sleeps on the
 pipe until a message comes, the core's wait for companions ends, or stats are due.
 """
 
@@ -63,27 +63,36 @@ class CoreLoop:
         now = time.monotonic()
         idle_s = self.core.idle_wait_s
         wait_s = 0.0 if idle_s is None else min(idle_s, max(0.0, self._stats_due - now))
+        refused: list[CoreOutput] = []  # answered with the step's: one message, one wake-up
         if self.conn.poll(wait_s):
             while True:
-                if not self._apply(self.conn.recv()):
+                if not self._apply(self.conn.recv(), refused):
+                    self._answer(refused)
                     return False
                 if not self.conn.poll(0):
                     break
-        self._answer(self.core.step())
+        try:
+            ended = self.core.step()
+        except BaseException:  # never raises by contract; the refused are answered all the same
+            self._answer(refused)
+            raise
+        self._answer(refused + ended)
         now = time.monotonic()
         if now >= self._stats_due:
             self._send_stats(now)
         return True
 
-    def _apply(self, msg: object) -> bool:
+    def _apply(self, msg: object, refused: list[CoreOutput]) -> bool:
+        """Apply one message; an add the core refuses (a full queue under overload: many a
+        turn) goes to ``refused``. False for ``Stop``."""
         if isinstance(msg, Add):
             try:
                 self.core.add_request(CoreRequest(msg.req_id, msg.request, time.monotonic() + msg.timeout_s))
             except ChunlianError as e:
-                self._answer([CoreOutput(msg.req_id, error=e)])
+                refused.append(CoreOutput(msg.req_id, error=e))
             except Exception as e:  # noqa: BLE001 - a request never ends the engine process
                 log.exception("admission failed")
-                self._answer([CoreOutput(msg.req_id, error=ModelError(f"admission failed: {type(e).__name__}"))])
+                refused.append(CoreOutput(msg.req_id, error=ModelError(f"admission failed: {type(e).__name__}")))
         elif isinstance(msg, Abort):
             self.core.abort(msg.req_ids)
         elif isinstance(msg, Stop):
