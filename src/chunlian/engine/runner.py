@@ -355,7 +355,8 @@ class ModelRunner:
         (forced characters are not scored; ``SeqSpec.scored``). log_softmax, not logsumexp:
         several times faster on rows full of -inf (``docs/performance.md``), and finite,
         since a row always has a choice."""
-        want = [b for b, r in enumerate(rows) if r.spec.scored and forced[b] is None]
+        # a beam's rows score their choices themselves (``engine.beams``)
+        want = [b for b, r in enumerate(rows) if r.spec.scored and forced[b] is None and r.group is None]
         if not want:
             return {}
         if len(want) < len(rows):
