@@ -21,9 +21,13 @@ from chunlian.engine.tiers import BEST
 from chunlian.errors import ChunlianError, InvalidInput, ModelError
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.styles import STYLES
-from chunlian.text import validate_upper
 from chunlian.types import BeamParams, CoupletRequest, CoupletResult, DecodeParams
-from chunlian.validation import MAX_CANDIDATES, validate_heads, validate_keyword
+from chunlian.validation import (
+    MAX_CANDIDATES,
+    validate_heads,
+    validate_keyword,
+    validate_user_upper,
+)
 
 # requests the in-process client keeps queued in the core, per row of capacity: enough for
 # every free row to be filled at each step, few enough that the scheduler's scans stay short
@@ -54,7 +58,7 @@ def couplet_request(
 ) -> CoupletRequest:
     """A validated request for a 下联 (raises ``InvalidInput`` naming the field)."""
     return CoupletRequest(
-        style=check_style(style), upper=validate_upper(upper),
+        style=check_style(style), upper=validate_user_upper(upper),
         params=DecodeParams(n=check_n(n), seed=seed), **kw,  # type: ignore[arg-type]
     )
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chunlian.data.blocklist import default_blocklist
+from chunlian.data.blocklist import default_blocklist, input_blocklist
 from chunlian.errors import InvalidInput
 from chunlian.script import simplified
 from chunlian.text import is_han, normalize, validate_upper
@@ -38,11 +38,26 @@ def _han_only(raw: object, field: str, most: int) -> str:
         raise InvalidInput(f"{field} is too long: {len(text)} characters, at most {most}", field)
     if not all(is_han(ch) for ch in text):
         raise InvalidInput(f"{field} must be Chinese characters only", field)
-    # the list is in simplified characters; a name typed in traditional ones is checked as
-    # the model will write it (chunlian.script)
-    if default_blocklist().find(text) or default_blocklist().find(simplified(text)):
-        raise InvalidInput(f"{field} contains a term we do not write", field)
+    check_words(text, field)
     return text
+
+
+def check_words(text: str, field: str) -> None:
+    """A user's own words are answered unless they are vulgar or insulting; a keyword is
+    also written into the 上联 as it is, so it may hold no term generation never writes.
+    The list holds simplified and traditional forms; mixed scripts are checked simplified."""
+    bans = (input_blocklist(),) if field != "keyword" else (input_blocklist(), default_blocklist())
+    for bl in bans:
+        if bl.find(text) or bl.find(simplified(text)):
+            what = "vulgar or insulting" if bl is bans[0] else "a term we never write"
+            raise InvalidInput(f"{field} contains {what}", field)
+
+
+def validate_user_upper(raw: object) -> str:
+    """A user's 上联: the line rules (``text.validate_upper``), then the input word check."""
+    upper = validate_upper(raw, "upper")
+    check_words(upper, "upper")
+    return upper
 
 
 def validate_heads(raw: object) -> str:
@@ -106,7 +121,7 @@ class CoupletIn(_Decoding):
     def to_request(self, priority: Priority = "interactive") -> CoupletRequest:
         """The engine request; raises ``InvalidInput`` when the text breaks the line rules."""
         return CoupletRequest(
-            style=self.style, upper=validate_upper(self.upper, "upper"), params=self._params(),
+            style=self.style, upper=validate_user_upper(self.upper), params=self._params(),
             priority=priority, timeout_s=self._timeout_s(), quality=self.quality,
         )
 
