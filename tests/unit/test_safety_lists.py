@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from chunlian.data.blocklist import (
+    Blocklist,
     default_blocklist,
     input_blocklist,
     read_audited,
