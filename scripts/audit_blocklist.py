@@ -250,7 +250,7 @@ def main() -> None:
             "# (see LICENSE.blocklist and docs/reference/safety-filter.md). term: as listed upstream (or",
             "# added here); simplified: the form matched; pairs: corpus pairs holding it, counted over",
             "# ../shared/data/couplets/*.tsv; forms: its other written forms, matched too (kept terms only).",
-            "# reason:"]
+            "# reason: a code, and for a kept term that removes 20 or more pairs, why it stays:"]
     rows += [f"#   {code}: {text}" for text, code in REASON_CODES.items()]
     rows.append("term\tsimplified\tcategory\tdecision\tpairs\tforms\treason")
     for t in [t for t in raw if t] + [t for t in ADDED if t not in raw]:
@@ -263,9 +263,26 @@ def main() -> None:
             alt = {t} | {str(zhconv.convert(simp, v)) for v in ("zh-hant", "zh-tw", "zh-hk")}
             forms = " ".join(sorted(f for f in alt if f != simp and len(f) == len(simp)))
         code = REASON_CODES.setdefault(reason, f"r{len(REASON_CODES)}")
+        if decision == "keep" and STAY.get(simp, "official") != "official":
+            code = f"{code}: {STAY[simp]}"
         rows.append("\t".join([t, simp, cat, decision, str(counts.get(simp, 0)), forms, code]))
     Path(args.out).write_text("\n".join(rows) + "\n", encoding="utf-8")
 
+
+# Why the kept terms that remove 20 or more corpus pairs stay (the file's reason column).
+STAY = {
+    "淫": "obscene in its modern sense; the cost is classical lines (淫雨, 富贵不能淫): 474 pairs",
+    "妓": "prostitution; its pairs (歌妓, 妓女) are never festive",
+    "杀人": "violence; no festive line says it; its pairs are classical and satirical",
+    "一夜情": "casual sex; its pairs are satire",
+    "嫖": "prostitution", "娼": "prostitution", "鸨": "prostitution (老鸨)", "三陪": "prostitution",
+    "屎": "crude; never festive",
+    "台独": "separatism; its pairs are polemics a campaign never writes",
+    "屠城": "massacre; its pairs are memorial lines, never festive",
+    "小日本": "an ethnic slur", "杂种": "an insult", "狗屁": "vulgar", "瘪三": "an insult",
+    "土共": "a derogatory political term",
+    "毛泽东": "official", "邓小平": "official",
+}
 
 # Vulgar and insulting terms upstream lacks (the must-block list of tests/unit/test_safety_lists.py).
 ADDED_REASON = "added here (upstream lacks it): vulgar or insulting, never written, trained on or accepted"
