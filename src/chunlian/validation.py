@@ -49,7 +49,7 @@ def check_words(text: str, field: str) -> None:
     bans = (input_blocklist(),) if field != "keyword" else (input_blocklist(), default_blocklist())
     for bl in bans:
         if bl.find(text) or bl.find(simplified(text)):
-            what = "vulgar or insulting" if bl is bans[0] else "a term we never write"
+            what = "a vulgar or insulting term" if bl is bans[0] else "a term we never write"
             raise InvalidInput(f"{field} contains {what}", field)
 
 
