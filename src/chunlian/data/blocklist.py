@@ -44,6 +44,9 @@ class Blocklist:
         self.single_chars = frozenset(t for t in self.terms if len(t) == 1)
         self.multi = frozenset(t for t in self.terms if len(t) > 1)
         self.max_len = max((len(t) for t in self.terms), default=0)
+        # the proper prefixes of the multi-character terms: ``find`` stops extending a
+        # substring that starts no term (one lookup per character of most lines)
+        self._prefixes = frozenset(t[:k] for t in self.multi for k in range(2, len(t)))
         # prefix -> characters that would complete a term after that prefix
         self.completions: dict[str, set[str]] = {}
         for t in self.multi:
@@ -57,15 +60,18 @@ class Blocklist:
         return cls({t if len(t) == 1 else _to_simplified(t) for t in raw if t})
 
     def find(self, text: str) -> str | None:
-        """The first blocked term inside ``text``, or None."""
-        for ch in text:
-            if ch in self.single_chars:
-                return ch
+        """The first blocked term inside ``text`` (single characters first, then by start and
+        length), or None."""
+        if not self.single_chars.isdisjoint(text):
+            return next(ch for ch in text if ch in self.single_chars)
         n = len(text)
-        for i in range(n):
+        for i in range(n - 1):
             for j in range(i + 2, min(n, i + self.max_len) + 1):
-                if text[i:j] in self.multi:
-                    return text[i:j]
+                part = text[i:j]
+                if part in self.multi:
+                    return part
+                if part not in self._prefixes:
+                    break
         return None
 
     def banned_next(self, generated: str) -> set[str]:
