@@ -1,10 +1,10 @@
 """Build the audited safety list (src/chunlian/resources/blocklist.tsv) from the upstream list.
 
-Usage: python scripts/audit_blocklist.py [--counts runs/audit/counts_upstream.json]
+Usage: python scripts/audit_blocklist.py [--counts benchmarks/results/2026-12-07-safety-list-pairs.json]
 
 Every upstream term (resources/blocklist.upstream.txt, MIT, v-zich/couplet-clean-dataset) gets
 one row: its form as listed, its simplified form, a category, a decision and the reason, and
-the corpus pairs (over ../shared/data/couplets/*.tsv) that hold it. The categories come from
+the corpus pairs (over ../shared/data/couplets/*.tsv: scripts/blocklist_pairs.py) that hold it. The categories come from
 the term sets below, read term by term for every term that occurs in the corpora, and from
 keyword rules for the rest. Kept terms also carry their traditional forms, computed here so
 that loading the list at start-up converts nothing.
@@ -243,10 +243,12 @@ UNSEEN_DEFAULT: dict[str, tuple[str, str, str]] = {
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--counts", default=str(ROOT / "runs" / "audit" / "counts_upstream.json"))
+    ap.add_argument("--counts", default=str(ROOT / "benchmarks" / "results" / "2026-12-07-safety-list-pairs.json"),
+                    help="scripts/blocklist_pairs.py's upstream counts (alone, or under 'upstream')")
     ap.add_argument("--out", default=str(RES / "blocklist.tsv"))
     args = ap.parse_args()
-    counts = json.loads(Path(args.counts).read_text(encoding="utf-8"))["contain"]
+    counts = json.loads(Path(args.counts).read_text(encoding="utf-8"))
+    counts = counts.get("upstream", counts)["contain"]
     raw = [t.strip() for t in (RES / "blocklist.upstream.txt").read_text(encoding="utf-8").splitlines()]
     rows = ["# The audited safety list, built by scripts/audit_blocklist.py from blocklist.upstream.txt",
             "# (see LICENSE.blocklist and docs/reference/safety-filter.md). term: as listed upstream (or",
@@ -255,7 +257,7 @@ def main() -> None:
             "# reason: a code, and for a kept term that removes 20 or more pairs, why it stays:"]
     rows += [f"#   {code}: {text}" for text, code in REASON_CODES.items()]
     rows.append("term\tsimplified\tcategory\tdecision\tpairs\tforms\treason")
-    for t in [t for t in raw if t] + [t for t in ADDED if t not in raw]:
+    for t in [t for t in raw if t] + sorted(t for t in ADDED if t not in raw):
         simp = t if len(t) == 1 else str(zhconv.convert(t, "zh-cn"))
         cat, decision, reason = categorise(simp, simp in counts)
         if t in ADDED:
