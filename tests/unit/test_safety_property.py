@@ -73,6 +73,7 @@ def test_generated_text_holds_no_banned_term() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_generated_text_for_2000_validation_lines_holds_no_banned_term() -> None:
     _check(1000)
 
