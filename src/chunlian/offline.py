@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from chunlian.data.blocklist import Blocklist
+from chunlian.engine.composed import staged_answers, wants_search
 from chunlian.engine.config import EngineConfig
 from chunlian.engine.core import CoreOutput, CoreRequest, EngineCore
 from chunlian.engine.request import BeamHyp
@@ -184,9 +185,13 @@ class OfflineGenerator:
         """Results in input order; a request that fails yields its error, not an abort.
 
         With ``beam_width > 1``, greedy requests for a 下联 (no seed, ``n == 1``) are
-        answered by beam search; composed and sampled ones are decoded as usual.
+        answered by beam search, and composed ones in ``best`` or ``auto`` in two stages
+        (``engine.composed``: the 上联 searched with this generator's weights); sampled ones
+        are decoded as usual.
         """
         beam = self.beam_params()
+        if beam is not None and any(wants_search(r) for r in requests):  # composed, in the quality mode
+            return staged_answers(self.generate, requests)
         todo = [replace(r, params=replace(r.params, beam=beam))
                 if beam is not None and r.upper is not None and r.params.greedy else r for r in requests]
         return [o.result if o.result is not None else o.error or ModelError("no answer") for o in self.run(todo)]

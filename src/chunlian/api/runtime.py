@@ -95,7 +95,8 @@ class Runtime:
         self.metrics.bind_engine(engine, self.settings.resolved_device())
         engine.add_step_listener(self.metrics.on_step)
         self.service = CoupletService(engine, self.cache, self.settings.default_timeout_ms / 1000.0,
-                                      self.settings.rules_tag, on_answer=self.metrics.on_answer)
+                                      self.settings.rules_tag, on_answer=self.metrics.on_answer,
+                                      searches=self.settings.beam_rows > 0)
 
     def start_background(self) -> None:
         """Run ``bring_up`` as a task; readiness follows it."""

@@ -29,6 +29,7 @@ from typing import Any
 from chunlian.cache import ResultCache, cache_key
 from chunlian.config import EngineSettings
 from chunlian.engine.client import EngineClient
+from chunlian.engine.composed import generate_composed, wants_search
 from chunlian.errors import Cancelled, DeadlineExceeded
 from chunlian.types import CoupletRequest, CoupletResult, Quality, Served
 
@@ -53,8 +54,11 @@ class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
     def __init__(self, engine: EngineClient, cache: ResultCache, default_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 rules_tag: str = "", on_answer: AnswerHook | None = None) -> None:
+                 rules_tag: str = "", on_answer: AnswerHook | None = None, searches: bool = False) -> None:
         self.engine = engine
+        # the engine has the quality modes: composed couplets in best or auto are written
+        # in two stages (``engine.composed``)
+        self.searches = searches
         self.on_answer = on_answer
         self.cache = cache
         self.default_timeout_s = default_timeout_s
@@ -68,7 +72,12 @@ class CoupletService:
 
     def _served_keys(self, req: CoupletRequest) -> tuple[Served, ...]:
         """The modes whose cached answers ``req`` accepts (a sampled one: its own, fast)."""
-        return LOOKUP[req.quality] if req.searchable else ("fast",)
+        unseeded_composed = self.searches and req.upper is None and req.params.seed is None
+        return LOOKUP[req.quality] if req.searchable or unseeded_composed else ("fast",)
+
+    def _composed(self, req: CoupletRequest) -> bool:
+        """Whether ``req`` is a composed couplet for the quality modes (``engine.composed``)."""
+        return self.searches and wants_search(req)
 
     def count(self, answer: Answer) -> Answer:
         """Report ``answer`` to the metrics hook; returns it."""
@@ -127,7 +136,10 @@ class CoupletService:
         if regenerate:
             fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
             return await self.engine.generate(fresh)
-        result = await self.engine.generate(req)
+        if self._composed(req):
+            result = await generate_composed(self.engine.generate, req)
+        else:
+            result = await self.engine.generate(req)
         await self.cache.put(self._key(req, result.served), result)
         return result
 

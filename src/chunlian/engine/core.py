@@ -182,8 +182,10 @@ class EngineCore:
         if req.params.beam is None:
             return fixed_tier(req, self.search_runner is not None)
         tier = served_of(req, None)
-        if self.search_runner is None:
-            return "fast"  # searches share the one runner's rows: its own rows (``params.rows``)
+        # searches share the one runner's rows: its own rows (``params.rows``); so does the
+        # search of a composed 上联 (``engine.composed``: the served weights write it)
+        if self.search_runner is None or req.upper is None:
+            return "fast"
         if tier == "fast":
             raise InvalidInput("this engine searches only with its quality presets; use quality", "beam")
         return tier
@@ -301,8 +303,8 @@ class EngineCore:
         runner (when there is one), the rest on the main runner."""
         if self.search_runner is None:
             return self.runner.step(specs) if specs or decode else []
-        searches = [s for s in specs if s.beam is not None]
-        plain = [s for s in specs if s.beam is None]
+        searches = [s for s in specs if s.beam is not None and not s.upper_only]
+        plain = [s for s in specs if s.beam is None or s.upper_only]
         out: list[SeqOutput] = []
         for runner, new in ((self.runner, plain), (self.search_runner, searches)):
             if new or runner.n_live:
@@ -357,7 +359,7 @@ class EngineCore:
         if searched:
             out = outputs[0]
             outputs = ranked if ranked is not None else [
-                SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in out.beams]
+                SeqOutput(out.seq_id, h.upper or out.upper, h.lower, h.logprob_mean) for h in out.beams]
             outputs = _distinct(outputs)[: req.params.n]
         try:
             tag = self.search_tag if searched else self.model_tag
@@ -415,7 +417,7 @@ class EngineCore:
 
 def _distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
     """``outputs`` without repeated lines, first kept (a search's dead slots repeat its best)."""
-    first: dict[str, SeqOutput] = {}
+    first: dict[tuple[str, str], SeqOutput] = {}
     for o in outputs:
-        first.setdefault(o.lower, o)
+        first.setdefault((o.upper, o.lower), o)
     return list(first.values())
