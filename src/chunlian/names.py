@@ -17,9 +17,10 @@ The convention (``line_heads``), documented in ``docs/reference/http-api.md``:
 What a head may not be followed by (``banned_after_head``): a line that opens with a name
 must never read as an insult of it. ``HEAD_NEGATIVE`` lists, per head character, the
 continuations that turn it into a negative word (胡 + 言 = 胡言 "nonsense"), and
-``NEAR_HEAD_NEGATIVE`` the characters of death, illness, poverty and the like that may not
+``NEAR_HEAD_NEGATIVE`` the characters of death, illness, poverty and insult that may not
 stand right after a name's head in either line. Both were drawn from the answers for the
-500 most common names (``docs/guides/campaign-page.md``, "Names").
+500 most common names (``docs/guides/campaign-page.md``, "Names"): small lists, since a
+ban costs the model a choice at the one place where the name leaves it one.
 """
 
 from __future__ import annotations
@@ -28,19 +29,20 @@ from chunlian.text import is_han
 
 # the common two-character surnames (a 3-character name that starts with one has a
 # one-character given name)
-COMPOUND_SURNAMES = frozenset(
-    ["欧阳", "司马", "上官", "诸葛", "东方", "皇甫", "尉迟", "公孙", "慕容", "长孙", "夏侯", "令狐", "宇文", "澹台", "轩辕", "西门", "司徒", "端木", "独孤", "南宫", "万俟", "闻人", "呼延", "申屠", "钟离", "百里", "东郭", "太史", "第五"]
-)
+COMPOUND_SURNAMES = frozenset(["欧阳", "司马", "上官", "诸葛", "东方", "皇甫", "尉迟", "公孙", "慕容", "长孙", "夏侯", "令狐", "宇文", "澹台", "轩辕", "西门", "司徒", "端木", "独孤", "南宫", "万俟", "闻人", "呼延", "申屠", "钟离", "百里", "东郭", "太史", "第五"])
 
 # head character -> the characters that, right after it, make a negative word. Written
-# as the words themselves; a word applies to any name its first character heads.
-_NEGATIVE_WORDS = ["胡言", "胡说", "胡闹", "胡来", "胡扯", "胡乱", "胡搞", "胡诌", "胡混", "吴耻", "吴能", "吴赖", "史无", "范错", "范罪", "范法", "范贱", "朱狗", "马虎", "马桶", "苟且", "苟活", "毛病", "毛贼", "牛鬼", "杨痿", "刘氓", "刘产", "杜绝", "黄赌", "黄毒", "白痴", "白吃", "白眼", "白骨", "鬼混", "鬼怪", "贾货", "余孽", "伟哥", "丧失", "丧气", "孤单", "孤苦", "孤独", "孤寡", "死亡", "贫穷", "贫困", "乱来", "乱世", "狂妄", "小偷", "小气", "小丑", "小人", "老赖", "老鼠", "老朽", "花心", "空虚", "空洞", "冷漠", "冷落", "苦难", "苦命", "霸道", "傻瓜", "败家", "败落"]
+# as the words themselves; a word applies to any name its first character heads. Drawn from
+# the answers for the 500 most common names (fast and best: 可怜, 超生, 付水 (付之流水),
+# 叶落) and the issue's report (胡言 for 胡军), with the rest of 胡's family of "nonsense".
+_NEGATIVE_WORDS = ["胡言", "胡说", "胡闹", "胡扯", "胡来", "胡乱", "胡诌", "可怜", "超生", "付水", "叶落"]
 HEAD_NEGATIVE: dict[str, frozenset[str]] = {}
 for _w in _NEGATIVE_WORDS:
     HEAD_NEGATIVE[_w[0]] = HEAD_NEGATIVE.get(_w[0], frozenset()) | {_w[1]}
 
-# never right after a name's head, whatever the head: death, illness, poverty, loss, crime
-NEAR_HEAD_NEGATIVE = frozenset("死亡丧病痛穷贫困亏败输衰哭悲愁怨恨孤寡残废贼盗偷骗杀毒疯傻蠢贱丑鬼灾祸凶葬坟墓棺")
+# never right after a name's head, whatever the head: death, illness, poverty, loss and
+# the animals that insult a person (the answers held 静鸡, and 娜婆 / 婷婆 for young women)
+NEAR_HEAD_NEGATIVE = frozenset("死亡丧病穷贫败衰孤寡残鸡狗猪婆")
 
 
 def given_name(name: str) -> str:

@@ -1,0 +1,99 @@
+"""Names in a 藏头 couplet: the convention for which characters head the lines, the bans
+after a name's head (by construction, in every decoding path), repeated characters, and the
+search of a composed 上联 (``engine.composed``) on the shipped weights."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from chunlian.data.blocklist import default_blocklist
+from chunlian.engine.composed import UPPER_SEARCH
+from chunlian.model.decoding import LineState
+from chunlian.names import HEAD_NEGATIVE, NEAR_HEAD_NEGATIVE, banned_after_head, line_heads
+from chunlian.offline import OfflineGenerator
+from chunlian.rules import no_shared_char
+from chunlian.types import CoupletRequest, DecodeParams
+
+
+@pytest.mark.parametrize(("name", "heads"), [
+    ("明", "明"), ("李明", "李明"), ("丹丹", "丹丹"), ("王秀英", "秀英"), ("王丹丹", "丹丹"),
+    ("欧阳修", "修"), ("司马光", "光"), ("欧阳娜娜", "娜娜"), ("张李小明", "小明"),
+])
+def test_the_given_name_of_a_full_name_heads_the_lines(name: str, heads: str) -> None:
+    assert line_heads(name) == heads
+
+
+def test_a_heads_bans_hold_its_negative_words_and_the_common_ones() -> None:
+    assert {"言", "说"} <= banned_after_head("胡") and "死" in banned_after_head("胡")
+    assert banned_after_head("李") == NEAR_HEAD_NEGATIVE
+    assert all(len(v) >= 1 for v in HEAD_NEGATIVE.values())
+
+
+def test_the_line_state_bans_them_only_right_after_a_names_head() -> None:
+    bl = default_blocklist()
+    upper = LineState("traditional", "胡", 7, phase="upper", upper_forced={0: "胡"}, named=True)
+    _, banned, _, _ = upper.next_rule(bl)
+    assert {"言", "说", "死", "病"} <= banned
+    keyword = LineState("traditional", "胡", 7, phase="upper", upper_forced={0: "胡"})  # a keyword
+    assert "言" not in keyword.next_rule(bl)[1]
+    lower = LineState("traditional", "胡马扬蹄辞旧岁", 7, lower_forced={0: "军"}, named=True)
+    assert lower.next_rule(bl)[0] == "军"
+    lower.push("军")
+    assert {"死", "病", "穷"} <= lower.next_rule(bl)[1]
+    lower.push("旗")
+    assert "死" not in lower.next_rule(bl)[1]  # only right after the head
+
+
+def test_a_repeated_head_opens_both_lines_and_nothing_else_is_shared() -> None:
+    state = LineState("traditional", "丹心向党迎新岁", 7, lower_forced={0: "丹"}, named=True)
+    forced, banned, _, _ = state.next_rule(default_blocklist())
+    assert forced == "丹"
+    state.push("丹")
+    assert "丹" in state.next_rule(default_blocklist())[1]  # no second 丹 in the 下联
+
+
+@pytest.fixture(scope="module")
+def gen() -> OfflineGenerator:
+    return OfflineGenerator.load(capacity=16)
+
+
+@pytest.fixture(scope="module")
+def searching() -> OfflineGenerator:
+    return OfflineGenerator.load(capacity=16, beam_width=8)
+
+
+NAMES = ["胡军", "胡", "李娜", "朱婷", "丹丹", "秀英", "静", "超", "可欣", "叶青"]
+
+
+def test_no_answer_puts_a_banned_character_after_a_names_head(gen: OfflineGenerator, searching: OfflineGenerator) -> None:
+    reqs = [CoupletRequest(heads=h, length=n, style=s) for h in NAMES for n, s in ((5, "family"), (7, "traditional"))]
+    reqs += [CoupletRequest(heads=h, params=DecodeParams(n=4, seed=3)) for h in NAMES[:4]]
+    for g, quality in ((gen, "fast"), (searching, "best")):
+        asked = [replace(r, quality="best") if quality == "best" and r.params.seed is None else r for r in reqs]
+        for req, res in zip(reqs, g.generate(asked), strict=True):
+            assert not isinstance(res, Exception), res
+            for c in res.candidates or (res.best,):
+                assert c.upper[0] == req.heads[0] and c.upper[1] not in banned_after_head(req.heads[0]), c
+                if len(req.heads) == 2:
+                    assert c.lower[0] == req.heads[1] and c.lower[1] not in banned_after_head(req.heads[1]), c
+                    shared = {ch for ch in c.upper if ch in c.lower}
+                    assert shared <= {req.heads[0]} and (shared == set()) == (req.heads[0] != req.heads[1]), c
+                else:
+                    assert no_shared_char(c.upper, c.lower), c
+                assert default_blocklist().find(c.upper + c.lower) is None
+
+
+def test_the_upper_search_writes_the_upper_alone_under_its_heads(gen: OfflineGenerator) -> None:
+    reqs = [CoupletRequest(heads=h, length=7, params=DecodeParams(beam=UPPER_SEARCH)) for h in ("秀英", "丹丹")]
+    reqs.append(CoupletRequest(keyword="新春", length=5, params=DecodeParams(beam=UPPER_SEARCH)))
+    outs = gen.run(reqs)
+    for req, out in zip(reqs, outs, strict=True):
+        assert out.result is not None, out.error
+        lines = [h.upper for h in out.beams]
+        assert len(lines) == UPPER_SEARCH.width and len(set(lines)) == len(lines)
+        assert all(len(u) == (req.length or 7) and u.startswith(req.heads[0] if req.heads else "新春")
+                   and len(set(u)) == len(u) for u in lines), lines
+        assert all(h.lower == "" for h in out.beams)
+        assert out.result.best.upper == lines[0]
