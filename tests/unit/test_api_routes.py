@@ -341,9 +341,10 @@ async def test_warmup_runs_before_ready_and_fills_the_cache() -> None:
         kinds = sorted((r.keyword or r.upper or "", r.length or 0) for r in engine.calls if r.upper is None)
         assert kinds == [("新春", 5), ("新春", 7)]
         assert sum(r.upper == "春回大地千山秀" for r in engine.calls) == 1
-        r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春", "length": 5})
+        # warmed as the page asks: n = 4 (``api.warmup.PAGE_CANDIDATES``)
+        r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春", "length": 5, "n": 4})
         assert r.json()["cached"] is True
-        r = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})
+        r = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀", "n": 4})
         assert r.json()["cached"] is True
         assert len(engine.calls) == 5  # the warm-up's alone: two composed (two stages each), one 下联
 
