@@ -14,6 +14,7 @@ from chunlian.model.decoding import LineState
 from chunlian.names import HEAD_NEGATIVE, NEAR_HEAD_NEGATIVE, banned_after_head, line_heads
 from chunlian.offline import OfflineGenerator
 from chunlian.rules import no_shared_char
+from chunlian.script import is_traditional
 from chunlian.types import CoupletRequest, DecodeParams
 
 
@@ -97,3 +98,14 @@ def test_the_upper_search_writes_the_upper_alone_under_its_heads(gen: OfflineGen
                    and len(set(u)) == len(u) for u in lines), lines
         assert all(h.lower == "" for h in out.beams)
         assert out.result.best.upper == lines[0]
+
+
+def test_a_traditional_name_gets_a_traditional_couplet_in_both_modes(
+    gen: OfflineGenerator, searching: OfflineGenerator
+) -> None:
+    req = CoupletRequest(heads="陳麗", length=7)
+    for g, quality in ((gen, "fast"), (searching, "best")):
+        (res,) = g.generate([replace(req, quality=quality)])
+        assert not isinstance(res, Exception), res
+        assert res.best.upper[0] == "陳" and res.best.lower[0] == "麗", res.best
+        assert is_traditional(res.best.upper + res.best.lower + res.best.hengpi) or res.best.hengpi == "", res.best

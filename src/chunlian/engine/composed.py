@@ -14,8 +14,10 @@ pool and rescoring work for it as for any 下联:
    (``CoupletRequest.heads`` beside ``upper``). Its ``served`` is the answer's.
 
 ``n`` > 1 asks stage 2 for ``n`` distinct reranked 下联 of the one 上联: distinct couplets,
-best first. A ``fast`` request, a seed or ``regenerate`` is written as before: one sequence
-of the served weights, 上联 then 下联.
+best first. Both stages write simplified characters; a name or keyword typed in traditional
+ones gets its couplet converted back at the end (``rerank.in_typed_script``). A ``fast``
+request, a seed or ``regenerate`` is written as before: one sequence of the served weights,
+上联 then 下联.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from chunlian.engine.request import model_request
+from chunlian.engine.rerank import in_typed_script
 from chunlian.errors import ChunlianError
 from chunlian.types import BeamParams, CoupletRequest, CoupletResult, DecodeParams
 
@@ -46,9 +49,10 @@ def upper_search(req: CoupletRequest) -> CoupletRequest:
 
 
 def answer_request(req: CoupletRequest, upper: str, timeout_s: float | None) -> CoupletRequest:
-    """Stage 2: the 下联 request for the composed ``upper``, in ``req``'s quality, with the
-    name's heads (``heads[1]`` heads the 下联)."""
-    return CoupletRequest(style=req.style, upper=upper, heads=req.heads, params=DecodeParams(n=req.params.n),
+    """Stage 2: the 下联 request for the composed ``upper`` (simplified, as stage 1 writes
+    it), in ``req``'s quality, with the name's heads (``heads[1]`` heads the 下联)."""
+    heads = model_request(req).heads
+    return CoupletRequest(style=req.style, upper=upper, heads=heads, params=DecodeParams(n=req.params.n),
                           priority=req.priority, timeout_s=timeout_s, quality=req.quality)
 
 
@@ -66,7 +70,7 @@ async def generate_composed(
     """``req`` (``wants_search``) through ``generate`` (an ``EngineClient``'s), in two stages."""
     started_s = time.monotonic()
     first = await generate(upper_search(req))
-    return await generate(answer_request(req, first.best.upper, left_s(req, started_s)))
+    return in_typed_script(req, await generate(answer_request(req, first.best.upper, left_s(req, started_s))))
 
 
 Answers = list[CoupletResult | ChunlianError]
@@ -84,5 +88,6 @@ def staged_answers(generate: Callable[[list[CoupletRequest]], Answers], requests
     seconds = [(k, answer_request(requests[k], a.best.upper, None))
                for k in staged if isinstance(a := answers[k], CoupletResult)]
     if seconds:
-        answers.update(zip([k for k, _ in seconds], generate([r for _, r in seconds]), strict=True))
+        for k, a in zip([k for k, _ in seconds], generate([r for _, r in seconds]), strict=True):
+            answers[k] = in_typed_script(requests[k], a) if isinstance(a, CoupletResult) else a
     return [answers[k] for k in range(len(requests))]

@@ -8,6 +8,7 @@ already hold for every candidate; the score prefers the likelier, better-toned o
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol
 
 from chunlian.engine.request import SeqOutput
@@ -81,3 +82,17 @@ def build_result(
     return CoupletResult(
         best=couplets[0], candidates=tuple(couplets) if req.params.n > 1 else (), model=model_tag
     )
+
+
+def in_typed_script(req: CoupletRequest, result: CoupletResult) -> CoupletResult:
+    """``result``, written in simplified characters for a request of its own, in the script
+    ``req`` was typed in (a composed couplet's two stages: ``engine.composed``)."""
+    back = _in_script_of(req)
+    if back is None:
+        return result
+
+    def typed(c: Couplet) -> Couplet:
+        upper, lower = back(c.upper, c.lower)
+        return replace(c, upper=upper, lower=lower, hengpi=traditional(c.hengpi))
+
+    return replace(result, best=typed(result.best), candidates=tuple(typed(c) for c in result.candidates))
