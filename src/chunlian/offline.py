@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from chunlian.data.blocklist import Blocklist
-from chunlian.engine.composed import staged_answers, wants_search
+from chunlian.engine.composed import search_width, staged_answers, wants_search
 from chunlian.engine.config import EngineConfig
 from chunlian.engine.core import CoreOutput, CoreRequest, EngineCore
 from chunlian.engine.request import BeamHyp
@@ -191,7 +191,7 @@ class OfflineGenerator:
         """
         beam = self.beam_params()
         if beam is not None and any(wants_search(r) for r in requests):  # composed, in the quality mode
-            return staged_answers(self.generate, requests)
+            return staged_answers(self.generate, requests, search_width(self.runner.capacity))
         todo = [replace(r, params=replace(r.params, beam=beam))
                 if beam is not None and r.upper is not None and r.params.greedy else r for r in requests]
         return [o.result if o.result is not None else o.error or ModelError("no answer") for o in self.run(todo)]

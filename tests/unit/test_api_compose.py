@@ -113,3 +113,18 @@ async def test_batch_and_jobs_take_composed_items_in_best() -> None:
         res = r.json()["results"]
         assert [x["served"] for x in res] == ["best", "fast"]
         assert res[0]["upper"][0] == "秀" and res[0]["lower"][0] == "英"
+
+
+@pytest.mark.parametrize(("rows", "replicas", "width"), [(4, 1, 4), (8, 2, 4), (128, 2, 8)])
+async def test_the_upper_search_fits_each_replicas_rows(rows: int, replicas: int, width: int) -> None:
+    async with running_app(max_batch_size=rows, engine_replicas=replicas) as h:
+        r = await h.client.post(COMPOSE, json={"heads": "李明", "quality": "best"})
+        assert r.status_code == 200, r.text
+        assert h.engine.calls[0].params.beam is not None and h.engine.calls[0].params.beam.width == width
+
+
+async def test_without_search_rows_compose_is_written_fast_in_one_request() -> None:
+    async with running_app(beam_rows=0) as h:
+        r = await h.client.post(COMPOSE, json={"heads": "李明", "quality": "auto"})
+        assert r.status_code == 200, r.text
+        assert len(h.engine.calls) == 1 and h.engine.calls[0].params.beam is None

@@ -54,11 +54,12 @@ class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
     def __init__(self, engine: EngineClient, cache: ResultCache, default_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 rules_tag: str = "", on_answer: AnswerHook | None = None, searches: bool = False) -> None:
+                 rules_tag: str = "", on_answer: AnswerHook | None = None, composed_width: int = 0) -> None:
         self.engine = engine
-        # the engine has the quality modes: composed couplets in best or auto are written
-        # in two stages (``engine.composed``)
-        self.searches = searches
+        # > 0: the engine has the quality modes, and composed couplets in best or auto are
+        # written in two stages, the 上联 searched at this width (``engine.composed``)
+        self.composed_width = composed_width
+        self.searches = composed_width > 0
         self.on_answer = on_answer
         self.cache = cache
         self.default_timeout_s = default_timeout_s
@@ -137,7 +138,7 @@ class CoupletService:
             fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
             return await self.engine.generate(fresh)
         if self._composed(req):
-            result = await generate_composed(self.engine.generate, req)
+            result = await generate_composed(self.engine.generate, req, self.composed_width)
         else:
             result = await self.engine.generate(req)
         await self.cache.put(self._key(req, result.served), result)

@@ -42,10 +42,16 @@ def wants_search(req: CoupletRequest) -> bool:
     return req.upper is None and req.quality != "fast" and p.seed is None and p.beam is None
 
 
-def upper_search(req: CoupletRequest) -> CoupletRequest:
+def search_width(max_rows: int) -> int:
+    """The 上联 search's width on an engine of ``max_rows`` main rows (each replica's share:
+    a request may hold no more): ``UPPER_SEARCH``'s, narrower on a smaller engine."""
+    return max(1, min(UPPER_SEARCH.width, max_rows))
+
+
+def upper_search(req: CoupletRequest, width: int = UPPER_SEARCH.width) -> CoupletRequest:
     """Stage 1: the beam search of ``req``'s 上联 (its best line is the result's ``upper``),
     in simplified characters (the model's)."""
-    return replace(model_request(req), quality="fast", params=DecodeParams(n=1, beam=UPPER_SEARCH))
+    return replace(model_request(req), quality="fast", params=DecodeParams(n=1, beam=BeamParams(width)))
 
 
 def answer_request(req: CoupletRequest, upper: str, timeout_s: float | None) -> CoupletRequest:
@@ -65,25 +71,28 @@ def left_s(req: CoupletRequest, started_s: float) -> float | None:
 
 
 async def generate_composed(
-    generate: Callable[[CoupletRequest], Awaitable[CoupletResult]], req: CoupletRequest
+    generate: Callable[[CoupletRequest], Awaitable[CoupletResult]], req: CoupletRequest,
+    width: int = UPPER_SEARCH.width,
 ) -> CoupletResult:
-    """``req`` (``wants_search``) through ``generate`` (an ``EngineClient``'s), in two stages."""
+    """``req`` (``wants_search``) through ``generate`` (an ``EngineClient``'s), in two stages;
+    ``width``: the 上联 search's (``search_width``)."""
     started_s = time.monotonic()
-    first = await generate(upper_search(req))
+    first = await generate(upper_search(req, width))
     return in_typed_script(req, await generate(answer_request(req, first.best.upper, left_s(req, started_s))))
 
 
 Answers = list[CoupletResult | ChunlianError]
 
 
-def staged_answers(generate: Callable[[list[CoupletRequest]], Answers], requests: Sequence[CoupletRequest]) -> Answers:
+def staged_answers(generate: Callable[[list[CoupletRequest]], Answers], requests: Sequence[CoupletRequest],
+                   width: int = UPPER_SEARCH.width) -> Answers:
     """Batch form of ``generate_composed`` (``offline.OfflineGenerator``): the answers of
     ``requests`` in order, those that ``wants_search`` in two stages. ``generate`` answers a
     batch in order (an error object for a request that fails); it is called twice: the
     other requests run beside the 上联 searches."""
     staged = [k for k, r in enumerate(requests) if wants_search(r)]
     rest = [k for k, r in enumerate(requests) if not wants_search(r)]
-    first = generate([upper_search(requests[k]) for k in staged] + [requests[k] for k in rest])
+    first = generate([upper_search(requests[k], width) for k in staged] + [requests[k] for k in rest])
     answers: dict[int, CoupletResult | ChunlianError] = dict(zip(staged + rest, first, strict=True))
     seconds = [(k, answer_request(requests[k], a.best.upper, None))
                for k in staged if isinstance(a := answers[k], CoupletResult)]
