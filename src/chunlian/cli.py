@@ -147,8 +147,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_compose(args: argparse.Namespace) -> int:
     from chunlian.offline import compose_request
 
+    _apply_quality(args)
     try:
-        req = compose_request(args.heads, args.keyword, args.length, args.style, args.n, args.seed)
+        # --quality: the 上联 searched under its head, then answered by the search (engine.composed)
+        req = compose_request(args.heads, args.keyword, args.length, args.style, args.n, args.seed,
+                              quality="best" if args.quality else "fast")
     except InvalidInput as e:
         return fail(e.message)
     (res,) = _generator(args).generate([req])
@@ -260,10 +263,13 @@ def _add_generate(sub: Any) -> None:
 def _add_compose(sub: Any) -> None:
     c = sub.add_parser("compose", help="a whole personalised couplet (藏头)")
     grp = c.add_mutually_exclusive_group(required=True)
-    grp.add_argument("--heads", help="one or two characters (a name)")
+    grp.add_argument("--heads", help="a name of 1-4 characters: a 2-character name heads the lines in order "
+                     "(王伟: 王/伟); of a 3- or 4-character one the given name heads them (王秀英: 秀/英); "
+                     "a repeated character heads both (丹丹)")
     grp.add_argument("--keyword", help="a theme word the upper line begins with")
     c.add_argument("--length", type=int, default=7, help="characters per line: 5 or 7 (default 7)")
     _request_flags(c)
+    _search_flags(c)
     _model_flags(c)
     c.set_defaults(fn=cmd_compose)
 

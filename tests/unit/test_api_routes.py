@@ -440,7 +440,10 @@ def test_fast_path_takes_only_plain_valid_requests() -> None:
     assert dashed is not None and dashed.to_request().upper == "山药出格九万斤——真大"
     # the text rules are the shared handler's (routes.couplet_reply): the fast path takes these
     assert plain_body(b'{"upper": "hello"}') is not None
-    for body in ['{"upper": "春回大地", "n": 2}', '{"upper": "春回大地", "regenerate": true}',
+    # the campaign page's body: 4 candidates (its 换一副 shows them in turn)
+    page = plain_body('{"upper": "春回大地", "style": "traditional", "n": 4, "seed": null, "regenerate": false}'.encode())
+    assert page is not None and page.to_request().params.n == 4
+    for body in ['{"upper": "春回大地", "n": 9}', '{"upper": "春回大地", "regenerate": true}',
                  '{"upper": "春回大地", "n": true}', '{"upper": "春回大地", "seed": -1}',
                  '{"upper": "春回大地", "style": "nope"}', '{"upper": 3}',
                  '{"upper": "春回大地", "timeout_ms": 5}', '{"upper": "春回大地", "extra": 1}',
