@@ -82,8 +82,9 @@ class _Decoding(BaseModel):
     quality: Quality = Field(
         "auto", description="best: the quality mode's search, at whatever latency the load allows (429 when "
         "its deadline cannot be met); fast: greedy decoding; auto: best while the service has headroom, "
-        "stepping down under load. The answer's `served` says which mode wrote it. A 下联 only: a composed "
-        "couplet, a seed or regenerate is written fast.",
+        "stepping down under load. The answer's `served` says which mode wrote it. A composed couplet in best or "
+        "auto: its 上联 searched under its name or keyword, then answered in that mode. A seed or regenerate "
+        "is written fast.",
     )
 
     def _params(self) -> DecodeParams:

@@ -463,9 +463,10 @@ PARITY_BODIES: list[object] = [
     {"upper": "生意兴隆通四海"},  # past its deadline: 504
     {"upper": 3},  # a bad shape: the router's own 422, for both
     {"upper": "春回大地", "extra": 1},  # an unusual field: the router, for both
-    {"upper": "春回大地千山秀", "n": 2},  # not plain: the router, for both
+    {"upper": "春回大地千山秀", "n": 4},  # the campaign page's n: the fast path too
+    {"upper": "春回大地千山秀", "n": True},  # not plain: the router, for both
 ]
-ROUTER_ONLY = {9, 10, 11}  # the indexes the fast path hands on
+ROUTER_ONLY = {9, 10, 12}  # the indexes the fast path hands on
 
 
 def _engine_failing() -> FakeEngine:

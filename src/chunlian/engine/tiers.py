@@ -41,7 +41,8 @@ SEARCH_OF: dict[str, BeamParams] = dict(SEARCHES)
 def fixed_tier(req: CoupletRequest, searching: bool) -> Served | None:
     """The mode that answers ``req`` whatever the load, or None when the scheduler chooses
     (``auto``). ``searching``: whether the engine has the weights to search with. A request
-    a search cannot answer (a composed couplet, a seed) is ``fast``."""
+    a search cannot answer (a seed; a composed couplet, whose 上联 the service searches
+    first: ``engine.composed``) is ``fast``."""
     if not req.searchable or not searching or req.quality == "fast":
         return "fast"
     if req.quality == "best":
