@@ -128,3 +128,13 @@ async def test_without_search_rows_compose_is_written_fast_in_one_request() -> N
         r = await h.client.post(COMPOSE, json={"heads": "李明", "quality": "auto"})
         assert r.status_code == 200, r.text
         assert len(h.engine.calls) == 1 and h.engine.calls[0].params.beam is None
+
+
+async def test_auto_compose_is_one_greedy_sequence_while_requests_wait() -> None:
+    async with running_app() as h:
+        h.engine.stats.queue_depth = 3  # a backlog: the 上联 search would take its rows
+        r = await h.client.post(COMPOSE, json={"heads": "李明", "quality": "auto"})
+        assert r.json()["served"] == "fast"
+        assert len(h.engine.calls) == 1 and h.engine.calls[0].params.beam is None
+        best = await h.client.post(COMPOSE, json={"heads": "王秀英", "quality": "best"})
+        assert best.json()["served"] == "best" and len(h.engine.calls) == 3  # best is searched whatever the load

@@ -77,8 +77,12 @@ class CoupletService:
         return LOOKUP[req.quality] if req.searchable or unseeded_composed else ("fast",)
 
     def _composed(self, req: CoupletRequest) -> bool:
-        """Whether ``req`` is a composed couplet for the quality modes (``engine.composed``)."""
-        return self.searches and wants_search(req)
+        """Whether ``req`` is a composed couplet for the quality modes (``engine.composed``).
+        Not an ``auto`` one while requests wait for the engine: its 上联 search would take
+        main rows from them, and ``auto`` steps down under load (one greedy sequence)."""
+        if not (self.searches and wants_search(req)):
+            return False
+        return req.quality != "auto" or self.engine.stats.queue_depth == 0
 
     def count(self, answer: Answer) -> Answer:
         """Report ``answer`` to the metrics hook; returns it."""
