@@ -110,3 +110,15 @@ def test_a_traditional_name_gets_a_traditional_couplet_in_both_modes(
             assert not isinstance(res, Exception), res
             assert res.best.upper[0] == heads[0] and res.best.lower[0] == heads[1], res.best
             assert is_traditional(res.best.upper + res.best.lower + res.best.hengpi), res.best
+
+
+def test_a_searchs_several_lines_differ_from_each_other_first() -> None:
+    from chunlian.engine.request import SeqOutput
+    from chunlian.engine.rerank import diverse
+
+    lines = ["英雄伟业国威扬", "英雄伟业世风淳", "英才辈出迎新岁", "英雄伟业国光新", "英姿飒爽展宏图"]
+    outs = [SeqOutput(k, "秀水青山春色美", lo, 0.0) for k, lo in enumerate(lines)]
+    assert [o.lower for o in diverse(outs, 1)] == ["英雄伟业国威扬"]
+    assert [o.lower for o in diverse(outs, 3)] == ["英雄伟业国威扬", "英才辈出迎新岁", "英姿飒爽展宏图"]
+    # too few unlike lines: the rest follow in rank order
+    assert [o.lower for o in diverse(outs, 5)] == [lines[0], lines[2], lines[4], lines[1], lines[3]]

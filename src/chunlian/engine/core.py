@@ -37,7 +37,7 @@ from chunlian.engine.config import EngineConfig
 from chunlian.engine.coreapi import CoreOutput, CoreRequest, Runner
 from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand
-from chunlian.engine.rerank import HengpiChooser, build_result
+from chunlian.engine.rerank import HengpiChooser, build_result, diverse
 from chunlian.engine.rescore import BeamJob, Rescorer
 from chunlian.engine.scheduler import (
     QueueFull,
@@ -360,7 +360,7 @@ class EngineCore:
             out = outputs[0]
             outputs = ranked if ranked is not None else [
                 SeqOutput(out.seq_id, h.upper or out.upper, h.lower, h.logprob_mean) for h in out.beams]
-            outputs = _distinct(outputs)[: req.params.n]
+            outputs = diverse(_distinct(outputs), req.params.n)
         try:
             tag = self.search_tag if searched else self.model_tag
             result = replace(build_result(req, outputs, self.hengpi, tag, ranked=searched),

@@ -96,3 +96,25 @@ def in_typed_script(req: CoupletRequest, result: CoupletResult) -> CoupletResult
         return replace(c, upper=upper, lower=lower, hengpi=traditional(c.hengpi))
 
     return replace(result, best=typed(result.best), candidates=tuple(typed(c) for c in result.candidates))
+
+
+def diverse(outputs: list[SeqOutput], n: int) -> list[SeqOutput]:
+    """The ``n`` lines a search answers with, from its ranked, distinct ``outputs``: the best
+    first, then, in rank order, those whose 下联 differs from every one taken in more than
+    half its positions, then the rest in rank order. A search's next lines mostly change one or
+    two characters of its best (英雄伟业国威扬, 英雄伟业国光新): as "another couplet" (the
+    page's 换一副) they read as the same one."""
+    taken: list[SeqOutput] = []
+    for o in outputs:
+        if len(taken) == n:
+            return taken
+        if all(_differs(o, t) for t in taken):
+            taken.append(o)
+    return taken + [o for o in outputs if o not in taken][: n - len(taken)]
+
+
+def _differs(a: SeqOutput, b: SeqOutput) -> bool:
+    """Whether two couplets differ: another 上联, or 下联 unlike in more than half their positions."""
+    if a.upper != b.upper:
+        return True
+    return sum(x != y for x, y in zip(a.lower, b.lower, strict=False)) * 2 > len(a.lower)
