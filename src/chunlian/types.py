@@ -17,6 +17,9 @@ Served = Literal["best", "good", "fast"]
 QUALITIES: tuple[Quality, ...] = ("auto", "best", "fast")
 
 DEFAULT_SAMPLING_TEMPERATURE = 0.8
+# rows of the best mode's search (``engine.tiers.BEST``): the narrowest search pool that can
+# run it, so a narrower one is refused where the configuration is made
+BEST_SEARCH_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class BeamParams:
     """A constrained beam search of ``width`` rows, its final candidates reranked by
     ``log p(lower | upper)`` + ``channel_weight`` x the searching weights' channel score
     ``log p(upper | lower)`` + ``rescore_weight`` x the forward score of the engine's
-    rescoring weights (``model.channel``). Deterministic, like a greedy answer."""
+    rescoring weights (``engine.channel``). Deterministic, like a greedy answer."""
 
     width: int
     channel_weight: float = 0.0

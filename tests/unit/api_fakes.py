@@ -27,6 +27,7 @@ class FakeEngine:
     """Answers at once with a deterministic couplet; errors and gates on demand."""
 
     model_tag = "fake-couplet@test"
+    search_tag = "fake-couplet@rev-test"
 
     def __init__(self) -> None:
         self.stats = EngineStats(max_queue_size=8)

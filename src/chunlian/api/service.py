@@ -12,9 +12,9 @@ Identical concurrent misses are merged by the engine's coalescing, not here.
 Deadlines count from the request's arrival (``arrival_s``, ``time.perf_counter()`` when the
 app first saw it): the engine gets what is left of the budget, a request whose budget is
 already spent never reaches it, and the caller gets ``DeadlineExceeded`` *at* the deadline
-even when its generation is still running (the engine drops expired requests from its queue,
-but a sequence already decoding finishes; under overload a step can be slow). That
-generation goes on and its answer is cached, so a retry of the same line is a hit.
+even when its generation is still running (the engine drops expired requests from its queue;
+a sequence already decoding gets ``RUNNING_GRACE_S`` more, ``engine.scheduler``). An answer
+finished within that grace is cached, so a retry of the same line is a hit.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ class CoupletService:
 
     def _key(self, req: CoupletRequest, served: Served) -> str:
         tag = self.engine.model_tag
+        if served != "fast":  # searched answers: the search weights wrote them, the served ones reranked
+            tag = f"{tag}+{self.engine.search_tag}"
         return cache_key(f"{tag}#{self.rules_tag}" if self.rules_tag else tag, req, served)
 
     def _served_keys(self, req: CoupletRequest) -> tuple[Served, ...]:
@@ -131,7 +133,8 @@ class CoupletService:
             if gone is not None and gone.done():
                 work.cancel()
                 raise Cancelled("the caller went away")
-            raise DeadlineExceeded("deadline passed during generation (its answer will be cached)")
+            raise DeadlineExceeded("deadline passed during generation (an answer finished within "
+                                   "half a second is cached for a retry)")
         result = work.result()
         if time.perf_counter() > deadline_s:
             raise DeadlineExceeded("deadline passed while the answer was on its way (it is cached)")

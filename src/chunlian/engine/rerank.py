@@ -7,11 +7,11 @@ already hold for every candidate; the score prefers the likelier, better-toned o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from chunlian.engine.request import SeqOutput
+from chunlian.engine.request import BeamHyp, SeqOutput
 from chunlian.script import converted_couplet, is_traditional, traditional
 from chunlian.text import checked_positions, tone_class, with_typed_marks
 from chunlian.types import Couplet, CoupletRequest, CoupletResult
@@ -118,3 +118,19 @@ def _differs(a: SeqOutput, b: SeqOutput) -> bool:
     if a.upper != b.upper:
         return True
     return sum(x != y for x, y in zip(a.lower, b.lower, strict=False)) * 2 > len(a.lower)
+
+
+def searched_lines(out: SeqOutput, ranked: Sequence[BeamHyp] | None, n: int) -> list[SeqOutput]:
+    """A finished search's ``n`` lines (``diverse``) from its distinct ones, in their reranked
+    order (``ranked``), else in the beam's own; a composed 上联's search has its line in ``upper``."""
+    hyps = ranked if ranked is not None else out.beams
+    lines = [SeqOutput(out.seq_id, h.upper or out.upper, h.lower, h.logprob_mean) for h in hyps]
+    return diverse(distinct(lines), n)
+
+
+def distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
+    """``outputs`` without repeated lines, first kept (a search's dead slots repeat its best)."""
+    first: dict[tuple[str, str], SeqOutput] = {}
+    for o in outputs:
+        first.setdefault((o.upper, o.lower), o)
+    return list(first.values())
