@@ -1,4 +1,4 @@
-"""Choose the channel-rerank weight (``model.channel``): BLEU and rule rates against it.
+"""Choose the channel-rerank weight (``engine.channel``): BLEU and rule rates against it.
 
     python benchmarks/channel_sweep.py --data runs/data/train.tsv --pairs 500 --beam 8 \\
         --weights 0 0.25 0.5 0.75 1 1.5 2 --out runs/channel_sweep_train.json
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from chunlian.data.corpus import read_pairs
+from chunlian.engine.channel import ChannelScorer
 from chunlian.engine.request import BeamHyp
 from chunlian.errors import InvalidInput
-from chunlian.model.channel import ChannelScorer
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.offline import OfflineGenerator
 from chunlian.text import validate_upper

@@ -38,6 +38,7 @@ from chunlian.bench.cpu import CLIENT, HOST, OTHER, CpuWindow, wait_quiet
 from chunlian.bench.rawhttp import EXCHANGE_ERRORS, RawConnection
 from chunlian.cluster.launcher import Cluster, ClusterSpec
 from chunlian.cluster.procs import free_port
+from chunlian.config import load_settings
 
 REDIS_URL = "redis://127.0.0.1:6379/10"
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +83,11 @@ async def _connection(host: str, port: int, make: Callable[[], tuple[str, str, b
                                      "body": payload[:200].decode("utf-8", "replace")})
     conn.close()
 
+
+
+def _cluster(spec: ClusterSpec) -> Cluster:
+    """A cluster of ``spec`` whose instances read this environment and ``spec.env``."""
+    return Cluster(spec, load_settings(environ={**os.environ, **spec.env}))
 
 def load(url: str, make: Callable[[], tuple[str, str, bytes]], concurrency: int, duration: float,
          warm_s: float = 2.0) -> Stats:
@@ -204,7 +210,7 @@ def _spec(instances: int, threads: int, args: argparse.Namespace, name: str) -> 
 
 
 def run_miss(instances: int, threads: int, args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    with Cluster(_spec(instances, threads, args, f"miss-{instances}x{threads}")) as cluster:
+    with _cluster(_spec(instances, threads, args, f"miss-{instances}x{threads}")) as cluster:
         idle_before = wait_quiet(args.wait_quiet, QUIET_CORES)
         window = cpu_window(cluster)
         stats = load(cluster.url, miss_requests(seed), args.concurrency, args.duration, warm_s=0.0)
@@ -220,7 +226,7 @@ def run_miss(instances: int, threads: int, args: argparse.Namespace, seed: int) 
 
 def run_overhead(args: argparse.Namespace) -> dict[str, Any]:
     threads = os.cpu_count() or 1
-    with Cluster(_spec(1, threads, args, "overhead")) as cluster:
+    with _cluster(_spec(1, threads, args, "overhead")) as cluster:
         direct = cluster.describe()["instances"][0]["url"]
         load(direct, hit_request, 1, 0.5, warm_s=0.0)  # prime the cache
         quiet = wait_quiet(args.wait_quiet, QUIET_CORES)

@@ -29,6 +29,7 @@ from chunlian.bench.cpu import CpuWindow
 from chunlian.bench.rawhttp import RawConnection
 from chunlian.cluster.launcher import Cluster, ClusterSpec
 from chunlian.cluster.procs import free_port
+from chunlian.config import load_settings
 
 PAGE = ("/", "/static/app.js", "/static/style.css", "/static/favicon.svg")
 REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -63,7 +64,7 @@ def _phase(page_cache_s: int, loads: int, concurrency: int) -> dict[str, Any]:
     spec = ClusterSpec(instances=1, port=free_port(), redis_url=REDIS_URL, ready_timeout_s=180,
                        nginx_worker_processes="1", nginx_metrics_port=None,
                        nginx_options={"page_cache_s": page_cache_s})
-    with Cluster(spec) as cluster:
+    with Cluster(spec, load_settings(environ={**os.environ, **spec.env})) as cluster:
         pid = cluster.instances[0].pid
         asyncio.run(_load(spec.port, 50, 4))  # connections, the cache's first copy, the interpreter
         window = CpuWindow({"instance": [pid]})

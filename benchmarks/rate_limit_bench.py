@@ -41,6 +41,7 @@ from chunlian.bench.plan import ENDPOINT
 from chunlian.bench.rawhttp import RawConnection, encode_body
 from chunlian.cluster.launcher import Cluster, ClusterSpec
 from chunlian.cluster.procs import free_port
+from chunlian.config import load_settings
 
 REDIS_URL = "redis://127.0.0.1:6379/10"
 TIMEOUT_S = 30.0
@@ -164,7 +165,7 @@ def run(limit_on: bool, args: argparse.Namespace, seed: int) -> dict[str, Any]:
     spec = ClusterSpec(instances=args.instances, port=free_port(), redis_url=REDIS_URL, ready_timeout_s=180,
                        nginx_worker_processes="1", access_log=False, nginx_options=options,
                        env={"CHUNLIAN_WARMUP": "", "CHUNLIAN_LOG_LEVEL": "warning"})
-    with Cluster(spec) as cluster:
+    with Cluster(spec, load_settings(environ={**os.environ, **spec.env})) as cluster:
         out = _phase(cluster.url, args, seed)
     out["limit"] = (f"{args.client_rate:g} requests/s per address, burst {args.client_burst}"
                     if limit_on else "off")

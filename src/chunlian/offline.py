@@ -12,8 +12,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from chunlian.data.blocklist import Blocklist
+from chunlian.engine.batch import run_batch
+from chunlian.engine.composed import search_width, staged_answers, wants_search
 from chunlian.engine.config import EngineConfig
-from chunlian.engine.core import CoreOutput, CoreRequest, EngineCore
+from chunlian.engine.core import CoreOutput, EngineCore
 from chunlian.engine.request import BeamHyp
 from chunlian.engine.rescore import Rescorer
 from chunlian.engine.runner import ModelRunner
@@ -70,7 +72,7 @@ def check_beam(width: int) -> int:
 
 
 def check_channel(weight: float, beam_width: int) -> float:
-    """A channel-rerank weight (``model.channel``): 0 (off) or positive with a beam."""
+    """A channel-rerank weight (``engine.channel``): 0 (off) or positive with a beam."""
     if not 0.0 <= weight <= MAX_CHANNEL_WEIGHT:
         raise InvalidInput(f"channel weight must be between 0 and {MAX_CHANNEL_WEIGHT}, got {weight}", "channel")
     if weight > 0 and beam_width < 2:
@@ -121,10 +123,10 @@ class OfflineGenerator:
     hengpi: object | None
     beam_width: int = 1  # > 1: greedy 下联 requests are answered by a constrained beam search
     # > 0 (with beam_width > 1): the beam's candidates are reranked by
-    # log p(lower | upper) + channel_weight * log p(upper | lower) (model.channel)
+    # log p(lower | upper) + channel_weight * log p(upper | lower) (engine.channel)
     channel_weight: float = 0.0
     # > 0 (with a beam): rescore_weight * log p(lower | upper) of these other weights joins
-    # each candidate's score (a second opinion on the beam's candidates; model.channel)
+    # each candidate's score (a second opinion on the beam's candidates; engine.channel)
     rescorers: tuple[LoadedModel, ...] = ()
     rescore_weight: float = 0.0
     rescore_top: int = 0  # rerank only the beam's best lines (0: every one; ``BeamParams``)
@@ -188,9 +190,13 @@ class OfflineGenerator:
         """Results in input order; a request that fails yields its error, not an abort.
 
         With ``beam_width > 1``, greedy requests for a 下联 (no seed, ``n == 1``) are
-        answered by beam search; composed and sampled ones are decoded as usual.
+        answered by beam search, and composed ones in ``best`` or ``auto`` in two stages
+        (``engine.composed``: the 上联 searched with this generator's weights); sampled ones
+        are decoded as usual.
         """
         beam = self.beam_params()
+        if beam is not None and any(wants_search(r) for r in requests):  # composed, in the quality mode
+            return staged_answers(self.generate, requests, search_width(self.runner.capacity))
         todo = [replace(r, params=replace(r.params, beam=beam))
                 if beam is not None and r.upper is not None and r.params.greedy else r for r in requests]
         return [o.result if o.result is not None else o.error or ModelError("no answer") for o in self.run(todo)]
@@ -203,23 +209,5 @@ class OfflineGenerator:
         return [o.beams for o in self.run(reqs)]
 
     def run(self, requests: list[CoupletRequest]) -> list[CoreOutput]:
-        """Each request's output from the core, in input order (an error output for a request
-        the core refuses). Requests enter the core as rows free up, a window at a time."""
-        outs: list[CoreOutput | None] = [None] * len(requests)
-        window = _WINDOW_FACTOR * self.runner.capacity  # requests queued in the core at a time
-        nxt = 0
-        try:
-            while nxt < len(requests) or self.core.has_unfinished:
-                while nxt < len(requests) and self.core.queue_depth < window:
-                    try:
-                        self.core.add_request(CoreRequest(nxt, replace(requests[nxt], timeout_s=None)))
-                    except ChunlianError as e:
-                        outs[nxt] = CoreOutput(nxt, error=e)
-                    nxt += 1
-                for out in self.core.step():
-                    outs[out.req_id] = out
-        finally:  # an exception mid-batch leaves no request, and no row, behind
-            if self.core.has_unfinished:
-                self.core.fail_all(ModelError("generation interrupted"))
-        return [o if o is not None else CoreOutput(i, error=ModelError("no answer")) for i, o in enumerate(outs)]
-
+        """Each request's output from the core, in input order (``engine.batch.run_batch``)."""
+        return run_batch(self.core, requests, _WINDOW_FACTOR * self.runner.capacity)

@@ -17,6 +17,9 @@ Served = Literal["best", "good", "fast"]
 QUALITIES: tuple[Quality, ...] = ("auto", "best", "fast")
 
 DEFAULT_SAMPLING_TEMPERATURE = 0.8
+# rows of the best mode's search (``engine.tiers.BEST``): the narrowest search pool that can
+# run it, so a narrower one is refused where the configuration is made
+BEST_SEARCH_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class BeamParams:
     """A constrained beam search of ``width`` rows, its final candidates reranked by
     ``log p(lower | upper)`` + ``channel_weight`` x the searching weights' channel score
     ``log p(upper | lower)`` + ``rescore_weight`` x the forward score of the engine's
-    rescoring weights (``model.channel``). Deterministic, like a greedy answer."""
+    rescoring weights (``engine.channel``). Deterministic, like a greedy answer."""
 
     width: int
     channel_weight: float = 0.0
@@ -88,9 +91,11 @@ RequestIdentity = tuple[str | None, str | None, str | None, int | None, str, Dec
 class CoupletRequest:
     """One generation request: a 下联 for ``upper``, or (compose) a whole couplet.
 
-    Compose: ``heads`` (one or two characters opening the two lines, a name) or ``keyword``
-    (the 上联 begins with it), with ``length`` 5 or 7. Exactly one of upper/heads/keyword.
-    Text fields are already validated and normalised (``chunlian.text``).
+    Compose: ``heads`` (one or two characters opening the two lines: a name's, by
+    ``names.line_heads``) or ``keyword`` (the 上联 begins with it), with ``length`` 5 or 7.
+    Exactly one of upper/heads/keyword, except in the second stage of a composed couplet in
+    the quality modes (``engine.composed``): ``upper`` with the name's ``heads``, the second
+    of which heads the 下联. Text fields are already validated and normalised (``chunlian.text``).
     """
 
     style: str = "traditional"

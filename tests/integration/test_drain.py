@@ -29,6 +29,7 @@ import pytest
 
 from chunlian.cluster.launcher import Cluster, ClusterSpec
 from chunlian.cluster.procs import free_port, http_status
+from chunlian.config import load_settings
 from tests.integration.live_server import model_path, nginx_or_skip
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
@@ -176,7 +177,7 @@ def test_one_of_two_instances_drains_behind_nginx_and_clients_see_only_200(tmp_p
     spec = ClusterSpec(instances=2, port=free_port(), redis_url="redis://127.0.0.1:6379/12", torch_threads=1,
                        nginx_worker_processes="1", nginx_metrics_port=None, ready_timeout_s=180,
                        env={k: v for k, v in env.items() if k.startswith("CHUNLIAN_")})
-    with Cluster(spec) as cluster:
+    with Cluster(spec, load_settings(environ={**os.environ, **spec.env})) as cluster:
         victim, survivor = cluster.instances
         load = Load(cluster.url)
         marks: dict[str, float] = {}

@@ -81,6 +81,47 @@ async def test_a_child_runs_at_the_configured_nice_once() -> None:
         await engine.stop()
 
 
+async def test_an_unexpected_exception_at_admission_or_in_a_step_never_ends_the_engine_process() -> None:
+    from tests.integration.faulty_child import ADMIT_FAILS, STEP_FAILS, faulty_child_main
+
+    engine = ProcessEngine(EngineConfig.from_settings(load_settings(max_batch_size=4, warmup="")),
+                           child=faulty_child_main)
+    await engine.start()
+    try:
+        for line, says in ((ADMIT_FAILS, "admission failed"), (STEP_FAILS, "engine step failed")):
+            with pytest.raises(E.ModelError, match=says):
+                await engine.generate(CoupletRequest(upper=line))
+            assert engine.running
+            res = await engine.generate(CoupletRequest(upper="春回大地千山秀"))
+            assert len(res.best.lower) == 7
+        assert engine._proc is not None and engine._proc.is_alive()
+    finally:
+        await engine.stop()
+
+
+async def test_a_wedged_child_reports_not_running_and_stop_kills_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from chunlian.engine import process
+    from tests.integration.faulty_child import STEP_HANGS, faulty_child_main
+
+    monkeypatch.setattr(process, "WEDGED_AFTER_S", 1.0)
+    engine = ProcessEngine(EngineConfig.from_settings(load_settings(max_batch_size=4, warmup="")),
+                           child=faulty_child_main)
+    await engine.start()
+    try:
+        await asyncio.sleep(1.5)
+        assert engine.running  # idle, its stats keep coming
+        stuck = asyncio.ensure_future(engine.generate(CoupletRequest(upper=STEP_HANGS, timeout_s=60.0)))
+        for _ in range(60):
+            if not engine.running:
+                break
+            await asyncio.sleep(0.1)
+        assert not engine.running and engine.wedged
+    finally:
+        await asyncio.wait_for(engine.stop(), 5.0)  # killed at once, not after STOP_LIMIT_S
+    with pytest.raises(E.EngineStopped):
+        await stuck
+
+
 async def test_a_dead_child_fails_every_pending_request() -> None:
     engine = ProcessEngine(EngineConfig.from_settings(load_settings(max_batch_size=4, warmup="")))
     await engine.start()

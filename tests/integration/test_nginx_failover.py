@@ -117,7 +117,7 @@ def probed_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[C
     thread = threading.Thread(target=probe.run, daemon=True)
     thread.start()  # before nginx or any instance exists
     try:
-        with Cluster(spec) as cluster:
+        with Cluster(spec, load_settings(environ={**os.environ, **spec.env})) as cluster:
             probe.stop.set()
             yield cluster, probe
     finally:

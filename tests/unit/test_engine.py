@@ -157,6 +157,25 @@ async def test_coalescing_identical_requests(engine: tuple[Engine, FakeRunner]) 
     assert len(runner.prefilled) == 1
 
 
+async def test_an_interactive_caller_never_joins_a_bulk_request_or_a_shorter_deadline(
+    engine: tuple[Engine, FakeRunner],
+) -> None:
+    eng, runner = engine
+    runner.gate = threading.Event()
+    bulk = CoupletRequest(upper="春回大地", priority="bulk", timeout_s=30.0)
+    inter = CoupletRequest(upper="春回大地", timeout_s=30.0)
+    tasks = [asyncio.create_task(eng.generate(bulk))]
+    await until(lambda: runner.prefilled)
+    tasks.append(asyncio.create_task(eng.generate(inter)))
+    tasks.append(asyncio.create_task(eng.generate(CoupletRequest(upper="春回大地", timeout_s=60.0))))
+    await until(lambda: eng.queue_depth == 2)  # two more sent; the engine is held mid-step
+    tasks.append(asyncio.create_task(eng.generate(bulk)))  # may join: never lower
+    await until(lambda: eng.stats.coalesced == 1)
+    runner.gate.set()
+    await asyncio.gather(*tasks)
+    assert len(runner.prefilled) == 3 and eng.stats.completed == 3
+
+
 async def test_without_coalescing_identical_requests_each_generate() -> None:
     eng, runner = make(coalesce=False)
     await eng.start()
@@ -238,6 +257,10 @@ async def test_shutdown_fails_every_pending_future() -> None:
         await eng.generate(CoupletRequest(upper="春回大地"))
 
 
+class Fatal(BaseException):
+    """Not an ``Exception``: what the core lets through (an interpreter shutdown, say)."""
+
+
 async def test_engine_failure_completes_every_future() -> None:
     eng, runner = make()
     runner.gate = threading.Event()
@@ -246,7 +269,7 @@ async def test_engine_failure_completes_every_future() -> None:
     await until(lambda: runner.prefilled)
 
     def broken_plan(now_s: float) -> object:
-        raise RuntimeError("scheduler bug")
+        raise Fatal("the interpreter is going")
 
     eng.scheduler.plan = broken_plan  # type: ignore[method-assign]
     runner.gate.set()

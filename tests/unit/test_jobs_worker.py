@@ -230,8 +230,8 @@ def test_an_engine_url_worker_says_why_the_engine_refused(status: int, body: obj
 def test_a_batch_failing_mid_way_surfaces_its_own_error_and_frees_its_rows() -> None:
     """The shipped model in a ``LocalExecutor``. A decoding step raising while rows are live
     fails the items in it with a model error naming that exception; a failure outside the
-    step (here the scheduler's) reaches the caller as itself. Either way the KV cache keeps
-    no rows and the next batch runs."""
+    model step (here the scheduler's) fails every item the core holds the same way. Either
+    way the KV cache keeps no rows and the next batch runs."""
     from chunlian.data.blocklist import default_blocklist
     from chunlian.errors import ModelError
     from chunlian.jobs.worker import LocalExecutor
@@ -263,8 +263,8 @@ def test_a_batch_failing_mid_way_surfaces_its_own_error_and_frees_its_rows() -> 
         return real_plan(now_s)
 
     scheduler.plan = failing_plan  # type: ignore[method-assign]
-    with pytest.raises(LookupError, match="plan 3 failed"):
-        ex.run([s for _, s in chunk(TEXTS[:4])])
+    out = ex.run([s for _, s in chunk(TEXTS[:4])])
+    assert len(out) == 4 and all(isinstance(o, ModelError) and "LookupError" in str(o) for o in out)
     assert runner.n_live == 0 and not gen.core.has_unfinished
     out = ex.run([s for _, s in chunk(TEXTS[4:6])])  # the freed rows serve the next batch
     assert [len(o.best.lower) for o in out if isinstance(o, CoupletResult)] == [7, 7]

@@ -130,7 +130,7 @@ def test_nbest_beams_are_distinct_ruled_lines_best_first() -> None:
 def test_channel_scores_are_the_reverse_teacher_forced_log_probabilities() -> None:
     """``log p(upper | lower)`` equals the sum of per-step log-probabilities computed one
     prefix at a time; a batch of mixed lengths gives each triple what it gets alone."""
-    from chunlian.model.channel import ChannelScorer
+    from chunlian.engine.channel import ChannelScorer
     from chunlian.model.tokenizer import sequence_roles
 
     loaded = shipped()
@@ -176,7 +176,7 @@ def test_logits_of_the_last_positions_are_the_tail_of_the_full_pass() -> None:
 def test_channel_rerank_keeps_the_rules_and_picks_among_the_beam() -> None:
     """The generator's reranked answer is the candidate of its own beam with the best
     ``logprob + W * channel (+ F * rescore)``; without a term it is the beam's best."""
-    from chunlian.model.channel import ChannelScorer
+    from chunlian.engine.channel import ChannelScorer
     from chunlian.offline import OfflineGenerator
     from chunlian.types import CoupletRequest
 
@@ -235,7 +235,7 @@ def test_rerank_adds_every_weighted_term_and_breaks_ties_by_beam_order() -> None
 def test_forward_scores_are_the_teacher_forced_lower_log_probabilities() -> None:
     """``forward=True`` reads ``log p(lower | upper)``: the channel scorer's number on the
     swapped lines (whose teacher forcing the test above checks step by step)."""
-    from chunlian.model.channel import ChannelScorer
+    from chunlian.engine.channel import ChannelScorer
 
     loaded = shipped()
     fwd, rev = ChannelScorer(loaded, forward=True), ChannelScorer(loaded)
@@ -250,7 +250,7 @@ def test_forward_scores_share_each_prompt_and_equal_a_full_teacher_forced_pass()
     """The scorer runs each distinct prompt once and every candidate after its keys and
     values; the numbers are a plain full pass's over ``prefix upper [SEP] lower``, for
     candidates sharing a prompt, prompts of two styles and one-character lines."""
-    from chunlian.model.channel import ChannelScorer
+    from chunlian.engine.channel import ChannelScorer
     from chunlian.model.tokenizer import sequence_roles
 
     loaded = shipped()
@@ -445,7 +445,7 @@ def test_the_cached_prompt_prefix_equals_computing_it_with_the_prompt() -> None:
     (["generate", "春回大地", "--rescore", "x.safetensors"], "beam width"),
     (["generate", "春回大地", "--beam", "4", "--rescore", "x.safetensors", "--rescore-weight", "-1"], "rescore weight"),
     (["generate", "   "], "upper"),
-    (["compose", "--heads", "李明王"], "heads"),
+    (["compose", "--heads", "欧阳小明明"], "heads"),
     (["compose", "--heads", "ab"], "heads"),
     (["compose", "--keyword", "新春", "--length", "6"], "length"),
 ])

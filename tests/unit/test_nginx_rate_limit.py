@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from chunlian.cluster.nginx import NginxConfig, render
+from chunlian.config import load_settings
 from chunlian.errors import ConfigError
 
 
@@ -118,7 +119,7 @@ def test_the_cluster_exempts_its_own_workers_from_the_client_rate(
     said: list[str] = []
     spec = ClusterSpec(host=host, port=8000, workers=workers, worker_own_model=own_model,
                        nginx_options={"client_rate_per_s": rate, "rate_limit_exempt": ("10.0.0.0/8",)})
-    options = Cluster(spec, say=said.append)._nginx_options(with_workers=True)
+    options = Cluster(spec, load_settings(environ={}), say=said.append)._nginx_options(with_workers=True)
     assert options["rate_limit_exempt"] == exempt and options["client_rate_per_s"] == rate
     assert bool(said) == (len(exempt) == 2)
 
@@ -185,9 +186,9 @@ def test_the_cluster_reads_the_settings_it_passes_on(tmp_path: Path) -> None:
     from chunlian.cluster.spec import nginx_config
 
     env = {"CHUNLIAN_BODY_LIMIT_BYTES": "4096", "CHUNLIAN_CORS_ORIGINS": "https://fu.example.com"}
-    cfg, _ = nginx_config(ClusterSpec(), env, [9001], tmp_path, dict)
+    cfg, _ = nginx_config(ClusterSpec(), load_settings(environ=env), [9001], tmp_path, dict)
     assert (cfg.body_limit_bytes, cfg.cors_origins, cfg.deadline_s) == (4096, ("https://fu.example.com",), 30.0)
     with pytest.raises(ConfigError, match="CHUNLIAN_CORS_ORIGINS"):
-        nginx_config(ClusterSpec(), {"CHUNLIAN_CORS_ORIGINS": "fu.example.com"}, [9001], tmp_path, dict)
+        load_settings(environ={"CHUNLIAN_CORS_ORIGINS": "fu.example.com"})
     with pytest.raises(ConfigError, match="body_limit_bytes"):
         render(_cfg(tmp_path, body_limit_bytes=1000))

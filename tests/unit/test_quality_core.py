@@ -74,3 +74,16 @@ def test_a_bulk_best_search_beside_interactive_work_is_searched_narrower_and_say
     assert core.runner.n_live == 0 and core.search_runner is not None and core.search_runner.n_live == 0
     [alone] = run(core, [bulk])
     assert alone.result is not None and alone.result.served == "best"
+
+
+def test_offline_and_celery_quality_answers_say_best_and_greedy_ones_say_fast() -> None:
+    """Without a search pool the quality preset's search runs in the main rows; its answer
+    still says ``best`` (what ran), as the engine's does."""
+    from chunlian.jobs.quality import QualityModel
+
+    [best] = OfflineGenerator.load_quality(capacity=32).generate([couplet_request(UPPERS[0])])
+    [greedy] = OfflineGenerator.load(capacity=8).generate([couplet_request(UPPERS[0])])
+    assert not isinstance(best, Exception) and best.served == "best"
+    assert not isinstance(greedy, Exception) and greedy.served == "fast"
+    [job] = QualityModel().run([{"upper": UPPERS[1], "quality": True}])
+    assert not isinstance(job, Exception) and job.served == "best"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -23,6 +24,7 @@ class FakeReplica:
     def __init__(self, name: str, fail_start: bool = False) -> None:
         self.name = name
         self.model_tag = f"fake@{name}"
+        self.search_tag = f"fake@rev-{name}"
         self.stats = EngineStats()
         self.sent: list[CoupletRequest] = []
         self.gates: list[asyncio.Event] = []
@@ -119,6 +121,32 @@ async def test_identical_requests_in_flight_share_one_generation_and_coalescing_
         assert len({id(r) for r in got}) == (1 if coalesce else 3)
         assert eng.stats.coalesced == (2 if coalesce else 0)
         assert eng._inflight._by_key == {}
+
+
+async def test_a_merge_never_gives_a_caller_lower_priority_or_a_shorter_deadline() -> None:
+    """An interactive caller never joins a bulk request in flight (its answer could be
+    narrowed under the bulk share) nor one with a shorter deadline; a bulk caller may join an
+    interactive one, and a caller with a shorter deadline may join a longer one."""
+    eng, fakes = _engine(1)
+    await eng.start()
+    line = "春回大地千山秀"
+    bulk = CoupletRequest(upper=line, quality="best", priority="bulk", timeout_s=30.0)
+    inter = CoupletRequest(upper=line, quality="best", timeout_s=30.0)
+    tasks = [asyncio.ensure_future(eng.generate(bulk))]
+    await _settle()
+    tasks.append(asyncio.ensure_future(eng.generate(inter)))  # must not join the bulk one
+    await _settle()
+    assert [r.priority for r in fakes[0].sent] == ["bulk", "interactive"]
+    tasks.append(asyncio.ensure_future(eng.generate(bulk)))  # joins the interactive one
+    tasks.append(asyncio.ensure_future(eng.generate(replace(inter, timeout_s=5.0))))  # joins too
+    await _settle()
+    assert len(fakes[0].sent) == 2 and eng.stats.coalesced == 2
+    tasks.append(asyncio.ensure_future(eng.generate(replace(inter, timeout_s=60.0))))  # a longer deadline
+    await _settle()
+    assert [r.timeout_s for r in fakes[0].sent] == [30.0, 30.0, 60.0]
+    fakes[0].release_all()
+    await asyncio.gather(*tasks)
+    assert eng._inflight._by_key == {}
 
 
 async def test_a_request_whose_replica_dies_goes_to_another_and_errors_free_the_slot() -> None:

@@ -137,3 +137,58 @@ def test_auto_gets_no_search_while_a_quarter_of_the_main_rows_are_live() -> None
     assert s.plan(0.0).tiers == {12: "fast"}  # 4 of 16 live
     with pytest.raises(ValueError, match="busy_share"):
         StepDown(0.02, busy_share=0.0)
+
+
+def test_a_bulk_search_kept_out_of_the_search_pool_steps_down_to_fast_after_a_bounded_wait() -> None:
+    """Steady interactive best demand fills the search pool; a bulk best item waits at most a
+    quarter of its timeout, then is written greedily in the main pool (where bulk has its
+    floor) and says so, instead of waiting until its deadline."""
+    s = sched(beam_rows=64)
+    left: dict[int, int] = {}
+    ids = iter(range(1000, 100_000))
+    s.add(req(1, "best", prio="bulk", deadline=10.0))
+    admitted_at, tier = None, None
+    for k in range(200):
+        now = k * 0.1
+        while sum(1 for r in s.waiting["interactive"]) < 3:  # more best demand than the pool holds
+            s.add(req(next(ids), "best", t=now, deadline=now + 10.0))
+        plan = s.plan(now)
+        assert 1 not in plan.expired
+        for i in plan.prefill:
+            left[i] = 5
+            if i == 1:
+                admitted_at, tier = now, plan.tiers.get(1, "best")
+        for i in list(left):
+            left[i] -= 1
+            if left[i] == 0:
+                del left[i]
+                s.on_seqs_finished(i, s.running[i].remaining, now)
+        if admitted_at is not None:
+            break
+    assert admitted_at is not None and admitted_at <= 2.5 + 0.1 and tier == "fast"
+    assert s.live_search_rows == 64  # the interactive searches kept the whole pool
+
+
+def test_a_bulk_search_is_never_refused_as_unreachable_it_steps_down_instead() -> None:
+    s = sched(beam_rows=32)
+    s.service_s["best"] = 1.0
+    s.add(req(1, "best", deadline=5.0))
+    s.plan(0.0)
+    s.add(req(2, "best", prio="bulk", deadline=1.5))  # would be Unreachable at interactive priority
+    assert [r.req_id for r in s.waiting["bulk"]] == [2]
+
+
+def test_bulk_searches_behind_bulk_searches_alone_wait_their_turn_at_full_width() -> None:
+    s = sched(beam_rows=64)
+    for i in range(8):
+        s.add(req(i, "best", prio="bulk", deadline=60.0))
+    served: dict[int, str] = {}
+    started: dict[int, float] = {}
+    for k in range(40):
+        now = k * 1.0  # each search takes 3 s: the last pair waits 9 s, past the 5 s bound
+        for i in [i for i, t in started.items() if now - t >= 3.0 and i in s.running]:
+            s.on_seqs_finished(i, s.running[i].remaining, now)
+        plan = s.plan(now)
+        for i in plan.prefill:
+            served[i], started[i] = plan.tiers.get(i, "best"), now
+    assert served == {i: "best" for i in range(8)} and max(started.values()) == 9.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -116,7 +117,7 @@ def _cluster(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
 
-    cluster = Cluster(spec, say=say)
+    cluster = Cluster(spec, load_settings(environ={**os.environ, **spec.env}), say=say)
     say(f"starting {spec.instances} instance(s), {spec.workers} worker(s) and nginx on "
         f"{spec.host}:{spec.port} (waiting up to {spec.ready_timeout_s:.0f} s for readiness)")
     cluster.start(stop)  # raises ClusterError (stopping what it started) on failure

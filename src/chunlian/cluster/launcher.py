@@ -2,7 +2,7 @@
 one Redis, W Celery workers, and nginx in front, each a child process in its own process
 group.
 
-``Cluster(spec).start()`` spawns everything, waits until every instance's ``/readyz`` says
+``Cluster(spec, settings).start()`` spawns everything, waits until every instance's ``/readyz`` says
 200 and nginx answers ``/nginx-health``, and returns; ``stop()`` stops everything it
 started (nginx first, so no new request reaches an instance that is going away), killing
 whole process groups, so nothing is left behind even when a child died early or spawned
@@ -50,6 +50,7 @@ from chunlian.cluster.spec import (
     torch_threads,
     worker_env,
 )
+from chunlian.config import Settings
 
 __all__ = ["DEFAULT_REDIS_URL", "Cluster", "ClusterSpec"]
 
@@ -57,9 +58,12 @@ __all__ = ["DEFAULT_REDIS_URL", "Cluster", "ClusterSpec"]
 class Cluster:
     """The started topology; use as a context manager or call ``start``/``stop``."""
 
-    def __init__(self, spec: ClusterSpec, say: Say = quiet) -> None:
+    def __init__(self, spec: ClusterSpec, settings: Settings, say: Say = quiet) -> None:
+        """``settings``: the instances' settings, read by the caller from the environment they
+        get (``os.environ`` and ``spec.env``), so a bad one fails before anything starts."""
         spec.validate()
         self.spec = spec
+        self.settings = settings
         self.say = say
         self.children: list[Child] = []
         self.nginx_cfg: NginxConfig | None = None
@@ -172,7 +176,7 @@ class Cluster:
         self._set_broker(env, with_workers=worker_cmd is not None)
         self.prefix, self._own_prefix = make_prefix(spec.prefix)
         ports = instance_ports(spec)
-        self._write_nginx_config(binary, env, ports, with_workers=worker_cmd is not None)
+        self._write_nginx_config(binary, ports, with_workers=worker_cmd is not None)
         threads = torch_threads(spec, env)
         host_name = socket.gethostname()
         self._spawn_instances(env, ports, host_name, threads)
@@ -194,10 +198,10 @@ class Cluster:
                      "only to the instance that took it (use --workers W to share them)")
         self.broker_url = broker
 
-    def _write_nginx_config(self, binary: str, env: Mapping[str, str], ports: list[int], with_workers: bool) -> None:
+    def _write_nginx_config(self, binary: str, ports: list[int], with_workers: bool) -> None:
         assert self.prefix is not None
         self.nginx_cfg, blocker = nginx_config(
-            self.spec, env, ports, self.prefix, lambda: self._nginx_options(with_workers))
+            self.spec, self.settings, ports, self.prefix, lambda: self._nginx_options(with_workers))
         if blocker is not None:
             self.say(f"note: the page cache is off: nginx's workers (nobody) cannot pass through {blocker} "
                      "to reach it; give --prefix under a directory others may traverse (e.g. /var/lib)")

@@ -15,7 +15,7 @@ from typing import Any
 
 from chunlian.cluster.nginx import NginxConfig, front_deadline_s, page_cache_blocker
 from chunlian.cluster.procs import free_port
-from chunlian.config import load_settings
+from chunlian.config import Settings
 from chunlian.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -134,14 +134,12 @@ def nginx_options_for(spec: ClusterSpec, local_host: str, with_workers: bool, sa
 
 
 def nginx_config(
-    spec: ClusterSpec, env: Mapping[str, str], ports: Sequence[int], prefix: Path,
+    spec: ClusterSpec, settings: Settings, ports: Sequence[int], prefix: Path,
     options: Callable[[], Mapping[str, Any]],
 ) -> tuple[NginxConfig, Path | None]:
-    """nginx in front of the instances on ``ports``, and what blocks its page cache (the
-    config then has the page cache off), or None. ``options`` (more ``NginxConfig`` fields)
-    is called once the settings ``env`` gives the instances are read (all of them, so a
-    bad one fails first)."""
-    settings = load_settings(environ=env)
+    """nginx in front of the instances on ``ports`` (their ``settings``: its deadline, body
+    limit and CORS origins follow theirs), and what blocks its page cache (the config then
+    has the page cache off), or None. ``options``: more ``NginxConfig`` fields."""
     cfg = NginxConfig(
         upstreams=tuple(f"{spec.instance_host}:{p}" for p in ports),
         prefix=prefix / "nginx",

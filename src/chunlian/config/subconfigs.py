@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import NoDecode
 
 from chunlian.omp import SpinPolicy, usable_cores
+from chunlian.types import BEST_SEARCH_ROWS
 from chunlian.validation import MAX_TIMEOUT_MS, MIN_TIMEOUT_MS
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ class EngineSettings(SubConfig):
     # a best search holds 32 rows (engine.tiers): 64 let two run beside the greedy rows; each
     # replica gets this many (a search cannot be split across replicas)
     beam_rows: int = Field(64, ge=0, le=1024)
-    """Rows of each engine (replica) for the quality modes' searches, beside `max_batch_size`; a best answer holds 32. 0: no quality modes (every request is served fast)."""
+    """Rows of each engine (replica) for the quality modes' searches, beside `max_batch_size`: 0 (no quality modes: every request is served fast) or at least 32, the rows of one best answer."""
     search_model_path: Path | None = None
     """Weights the quality modes search with (trained with reversed pairs too, `chunlian train --augment-reverse`); unset: the shipped ones."""
     # auto serves best while the measured queue wait is at most this share of the request's
@@ -164,6 +165,14 @@ class EngineSettings(SubConfig):
     def _check_zodiac_year(cls, v: int) -> int:
         if 0 < v < 1900:
             raise ValueError("expected a year from 1900 on, 0 (the coming Spring Festival's) or -1 (off)")
+        return v
+
+    @field_validator("beam_rows")
+    @classmethod
+    def _check_beam_rows(cls, v: int) -> int:
+        if 0 < v < BEST_SEARCH_ROWS:
+            raise ValueError(f"expected 0 (no quality modes) or at least {BEST_SEARCH_ROWS} "
+                             "(the rows of one best search)")
         return v
 
     @model_validator(mode="after")

@@ -27,6 +27,12 @@ class EngineClient(Protocol):
         ...
 
     @property
+    def search_tag(self) -> str:
+        """``name@version`` of the weights that write searched answers (best, good): the
+        search weights', or ``model_tag`` where the engine has none."""
+        ...
+
+    @property
     def stats(self) -> EngineStats:
         """The engine's counters, read by the metrics at scrape time."""
         ...

@@ -13,9 +13,9 @@ weights' forward score. ``auto`` requests get their mode when the scheduler admi
 
 The core has no thread, no event loop and no clock of its own beyond ``time.monotonic``:
 
-    add_request(CoreRequest)   queue a request (raises Overloaded or InvalidInput at once)
+    add_request(CoreRequest)   queue a request (raises Overloaded, InvalidInput or ModelError at once)
     abort(req_ids)             cancel requests, queued or running (idempotent)
-    step() -> [CoreOutput]     plan, run one model step, return the requests that ended
+    step() -> [CoreOutput]     plan, run one model step, return the requests that ended (never raises)
 
 Every request added ends in exactly one ``CoreOutput``: a result, or an error (deadline,
 cancellation, model failure, shutdown through ``fail_all``). Clients (``engine.engine``'s
@@ -37,9 +37,10 @@ from chunlian.engine.config import EngineConfig
 from chunlian.engine.coreapi import CoreOutput, CoreRequest, Runner
 from chunlian.engine.rates import RateWindow
 from chunlian.engine.request import BeamHyp, SeqOutput, SeqSpec, expand
-from chunlian.engine.rerank import HengpiChooser, build_result
+from chunlian.engine.rerank import HengpiChooser, build_result, searched_lines
 from chunlian.engine.rescore import BeamJob, Rescorer
 from chunlian.engine.scheduler import (
+    Hopeless,
     QueueFull,
     SchedRequest,
     Scheduler,
@@ -47,7 +48,7 @@ from chunlian.engine.scheduler import (
     Unreachable,
 )
 from chunlian.engine.stats import EngineStats, StepReport
-from chunlian.engine.tiers import SEARCH_OF, StepDown, fixed_tier, served_of
+from chunlian.engine.tiers import BEST, SEARCH_OF, StepDown, core_tier, served_of
 from chunlian.errors import (
     Cancelled,
     ChunlianError,
@@ -89,8 +90,9 @@ class EngineCore:
     ) -> None:
         if config.max_batch_size > runner.capacity:
             raise ValueError(f"runner capacity {runner.capacity} < max_batch_size {config.max_batch_size}")
-        if search_runner is not None and (rescorer is None or search_runner.capacity < config.beam_rows):
-            raise ValueError("a search runner needs a rescorer and beam_rows of capacity")
+        if search_runner is not None and (rescorer is None or search_runner.capacity < config.beam_rows
+                                          or config.beam_rows < BEST.width):
+            raise ValueError(f"a search runner needs a rescorer and beam_rows (at least {BEST.width}) of capacity")
         self.config = config
         self.runner = runner
         self.search_runner = search_runner
@@ -120,27 +122,11 @@ class EngineCore:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> EngineCore:
-        """Load the model ``config`` names and build a core around it. Torch runs
-        single-threaded on the calling thread until the stepping thread calls
-        ``runner.bind_thread()`` (``ModelRunner.bind_thread`` says why)."""
-        from chunlian.engine.runner import ModelRunner, single_threaded_here
-        from chunlian.model.checkpoint import QUALITY_WEIGHTS, load_weights
-        from chunlian.model.hengpi import HengpiSelector
+        """Load the models ``config`` names (``engine.build``) and build a core around them."""
+        from chunlian.engine.build import load_parts
 
-        single_threaded_here()
-        loaded = load_weights(config.model_path, config.device)
-        log.info("loaded %s on %s", loaded.tag, config.device)
-        runner = ModelRunner(loaded, capacity=config.max_batch_size, device=config.device,
-                             threads=config.torch_threads, blocklist=config.blocklist)
-        search, rescorer, search_tag = None, None, None
-        if config.beam_rows > 0:  # the quality modes: the search weights, reranked by both
-            searching = load_weights(config.search_model_path or QUALITY_WEIGHTS, config.device)
-            log.info("loaded %s on %s for the quality modes", searching.tag, config.device)
-            search = ModelRunner(searching, capacity=config.beam_rows, device=config.device,
-                                 threads=config.torch_threads, blocklist=config.blocklist)
-            rescorer = Rescorer(searching, (loaded,))
-            search_tag = searching.tag
-        return cls(config, runner, HengpiSelector.from_loaded(loaded), loaded.tag, rescorer, search, search_tag)
+        p = load_parts(config)
+        return cls(config, p.runner, p.hengpi, p.model_tag, p.rescorer, p.search_runner, p.search_tag)
 
     def bind_thread(self) -> None:
         """Called on the stepping thread before its first step (``ModelRunner.bind_thread``)."""
@@ -149,17 +135,36 @@ class EngineCore:
 
     # ---- inputs -----------------------------------------------------------------------------
     def add_request(self, creq: CoreRequest) -> None:
-        """Queue ``creq``; raises ``Overloaded`` (queue full) or ``InvalidInput`` at once,
-        and then the request never produces an output."""
+        """Queue ``creq``; raises ``Overloaded`` (queue full), ``InvalidInput`` or, for an
+        unexpected failure of its admission, ``ModelError`` at once, and then the request
+        never produces an output. No request can break the core: an admission that fails
+        leaves nothing of it behind."""
+        if creq.req_id in self._work:
+            raise ValueError(f"request id {creq.req_id} is already live")
+        try:
+            self._add(creq)
+        except ChunlianError:
+            raise
+        except Exception as e:
+            log.exception("admission failed")
+            self._forget(creq.req_id)
+            raise ModelError(f"admission failed: {type(e).__name__}") from None
+
+    def _forget(self, req_id: int) -> None:
+        """Undo whatever a failed admission of ``req_id`` left (the scheduler drops it)."""
+        w = self._work.pop(req_id, None)
+        for s in w.specs if w is not None else ():
+            self._seq_owner.pop(s.seq_id, None)
+        self.scheduler.cancel(req_id)
+
+    def _add(self, creq: CoreRequest) -> None:
         req = creq.request
         rows = req.params.rows
         if rows > self.config.max_batch_size:
             raise InvalidInput(f"n must be at most {self.config.max_batch_size}", "n")
         if req.params.beam is not None and self.rescorer is None and req.params.beam.reranked:
             raise InvalidInput("this engine has no weights to rescore beams with", "beam")
-        if creq.req_id in self._work:
-            raise ValueError(f"request id {creq.req_id} is already live")
-        tier = self._tier(req)
+        tier = core_tier(req, self.search_runner is not None)
         specs = self._expand(req, tier) if tier is not None else []
         now = time.monotonic()
         try:
@@ -167,6 +172,9 @@ class EngineCore:
         except QueueFull:
             self.stats.rejected += 1
             raise Overloaded(f"queue full ({self.config.max_queue_size} waiting)", 1.0) from None
+        except Hopeless as e:  # no retry can help: say why, and what would
+            self.stats.rejected += 1
+            raise InvalidInput(f"{e}; give a longer timeout_ms or ask for quality auto", "timeout_ms") from None
         except Unreachable as e:
             self.stats.rejected += 1
             raise Overloaded(f"the best mode cannot answer within the deadline ({e})",
@@ -174,19 +182,6 @@ class EngineCore:
         self._work[creq.req_id] = w = _Work(creq, [])
         self._assign(w, specs, tier)
         self.stats.queue_depth = self.scheduler.queue_depth
-
-    def _tier(self, req: CoupletRequest) -> Served | None:
-        """The mode that answers ``req`` whatever the load (None: the scheduler chooses). A
-        request with a search of its own (CLI, sweeps) runs it as it is; with a search pool,
-        only the presets' searches are served, from that pool."""
-        if req.params.beam is None:
-            return fixed_tier(req, self.search_runner is not None)
-        tier = served_of(req, None)
-        if self.search_runner is None:
-            return "fast"  # searches share the one runner's rows: its own rows (``params.rows``)
-        if tier == "fast":
-            raise InvalidInput("this engine searches only with its quality presets; use quality", "beam")
-        return tier
 
     def _expand(self, req: CoupletRequest, tier: Served) -> list[SeqSpec]:
         """``req``'s sequences as ``tier`` writes them (``request.expand``)."""
@@ -234,7 +229,20 @@ class EngineCore:
     # ---- the step ---------------------------------------------------------------------------
     def step(self) -> list[CoreOutput]:
         """Plan, run one model step (decode of the live rows fused with the admission of
-        new ones), rescore finished beams; the requests that ended, in no particular order."""
+        new ones), rescore finished beams; the requests that ended, in no particular order.
+        Never raises: a failed model step fails the requests in it (``_step``), and any other
+        failure fails every request the core holds (the scheduler's state is then unknown)
+        and leaves the core empty and serving."""
+        try:
+            self._plan_and_run()
+        except Exception as e:
+            log.exception("engine step failed")
+            self.idle_wait_s = None
+            return self.fail_all(ModelError(f"engine step failed: {type(e).__name__}"))
+        out, self._out = self._out, []
+        return out
+
+    def _plan_and_run(self) -> None:
         plan = self.scheduler.plan(time.monotonic())
         self.stats.queue_depth = self.scheduler.queue_depth
         self._drop(plan.expired, lambda: DeadlineExceeded("deadline passed while queued"))
@@ -251,8 +259,6 @@ class EngineCore:
             self._step([self._work[i] for i in plan.prefill if i in self._work], plan.decode)
         elif not (plan.expired or plan.cancelled or plan.release):
             self.idle_wait_s = plan.idle_wait_s if plan.idle_wait_s is not None else math.inf
-        out, self._out = self._out, []
-        return out
 
     def fail_all(self, error: ChunlianError) -> list[CoreOutput]:
         """End every request with ``error`` and free every row (shutdown, a failed client)."""
@@ -301,8 +307,8 @@ class EngineCore:
         runner (when there is one), the rest on the main runner."""
         if self.search_runner is None:
             return self.runner.step(specs) if specs or decode else []
-        searches = [s for s in specs if s.beam is not None]
-        plain = [s for s in specs if s.beam is None]
+        searches = [s for s in specs if s.beam is not None and not s.upper_only]
+        plain = [s for s in specs if s.beam is None or s.upper_only]
         out: list[SeqOutput] = []
         for runner, new in ((self.runner, plain), (self.search_runner, searches)):
             if new or runner.n_live:
@@ -326,28 +332,23 @@ class EngineCore:
         for w in done:
             self._finish(w, ranked.get(w.req.req_id))
 
-    def _rerank(self, beams: list[_Work]) -> dict[int, list[SeqOutput]]:
-        """The reranked lines of finished beams (one batched pass per rescoring model)."""
-        todo = [w for w in beams if w.beam is not None and w.beam.reranked]
+    def _rerank(self, beams: list[_Work]) -> dict[int, list[BeamHyp]]:
+        """The reranked lines of finished beams (one batched pass per rescoring model); each
+        beam's ``outputs[0].upper`` is the searched (model) form of its 上联."""
+        todo = [(w, w.beam) for w in beams if w.beam is not None and w.beam.reranked]
         if not todo or self.rescorer is None:
             return {}
         try:
-            order = self.rescorer.rerank([self._beam_job(w) for w in todo])
+            order = self.rescorer.rerank([BeamJob(w.outputs[0].upper, w.req.request.style, beam, w.outputs[0].beams)
+                                          for w, beam in todo])
         except Exception as e:
             log.exception("rescoring failed")
-            for w in todo:
+            for w, _ in todo:
                 self._end(w, error=ModelError(f"rescoring failed: {type(e).__name__}"))
             return {}
-        return {w.req.req_id: [SeqOutput(w.outputs[0].seq_id, w.outputs[0].upper, h.lower, h.logprob_mean)
-                               for h in hyps] for w, hyps in zip(todo, order, strict=True)}
+        return {w.req.req_id: hyps for (w, _), hyps in zip(todo, order, strict=True)}
 
-    @staticmethod
-    def _beam_job(w: _Work) -> BeamJob:
-        out = w.outputs[0]  # ``out.upper`` is the searched (model) form
-        assert w.beam is not None
-        return BeamJob(out.upper, w.req.request.style, w.beam, out.beams)
-
-    def _finish(self, w: _Work, ranked: list[SeqOutput] | None) -> None:
+    def _finish(self, w: _Work, ranked: list[BeamHyp] | None) -> None:
         """Build the request's result: a beam's best ``n`` lines in their ranked order."""
         if w.req.req_id not in self._work:  # ended already (its rescoring failed)
             return
@@ -355,10 +356,7 @@ class EngineCore:
         outputs = w.outputs
         searched = w.beam is not None
         if searched:
-            out = outputs[0]
-            outputs = ranked if ranked is not None else [
-                SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in out.beams]
-            outputs = _distinct(outputs)[: req.params.n]
+            outputs = searched_lines(outputs[0], ranked, req.params.n)
         try:
             tag = self.search_tag if searched else self.model_tag
             result = replace(build_result(req, outputs, self.hengpi, tag, ranked=searched),
@@ -402,20 +400,6 @@ class EngineCore:
             return
         for s in w.specs:
             self._seq_owner.pop(s.seq_id, None)
-        if error is None:
-            self.stats.completed += 1
-        elif isinstance(error, Cancelled):
-            self.stats.cancelled += 1
-        else:
-            self.stats.failed += 1
-            if isinstance(error, DeadlineExceeded):
-                self.stats.deadline_drops += 1
+        self.stats.count_end(error)
         self._out.append(CoreOutput(w.req.req_id, result, error, beams))
 
-
-def _distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
-    """``outputs`` without repeated lines, first kept (a search's dead slots repeat its best)."""
-    first: dict[str, SeqOutput] = {}
-    for o in outputs:
-        first.setdefault(o.lower, o)
-    return list(first.values())

@@ -26,7 +26,7 @@ from chunlian.engine.messages import (
     Stopped,
     encode_error,
 )
-from chunlian.errors import ChunlianError, EngineStopped
+from chunlian.errors import ChunlianError, EngineStopped, ModelError
 
 log = logging.getLogger("chunlian.engine")
 STATS_EVERY_S = 0.25
@@ -43,7 +43,7 @@ class CoreLoop:
         self._stats_due = 0.0
 
     def run(self) -> None:
-        self.conn.send(Ready(self.core.model_tag))
+        self.conn.send(Ready(self.core.model_tag, self.core.search_tag))
         try:
             while self._turn():
                 pass
@@ -81,6 +81,9 @@ class CoreLoop:
                 self.core.add_request(CoreRequest(msg.req_id, msg.request, time.monotonic() + msg.timeout_s))
             except ChunlianError as e:
                 self._answer([CoreOutput(msg.req_id, error=e)])
+            except Exception as e:  # noqa: BLE001 - a request never ends the engine process
+                log.exception("admission failed")
+                self._answer([CoreOutput(msg.req_id, error=ModelError(f"admission failed: {type(e).__name__}"))])
         elif isinstance(msg, Abort):
             self.core.abort(msg.req_ids)
         elif isinstance(msg, Stop):

@@ -34,7 +34,7 @@ from chunlian.engine.rates import RateWindow
 from chunlian.engine.rerank import HengpiChooser
 from chunlian.engine.scheduler import Scheduler
 from chunlian.engine.stats import EngineStats, StepReport
-from chunlian.errors import ChunlianError, EngineStopped, InvalidInput, Overloaded
+from chunlian.errors import ChunlianError, EngineStopped, InvalidInput, ModelError, Overloaded
 from chunlian.types import CoupletRequest, CoupletResult
 
 __all__ = ["Engine", "EngineStats", "Runner", "StepReport", "lower_thread_priority"]
@@ -42,6 +42,7 @@ __all__ = ["Engine", "EngineStats", "Runner", "StepReport", "lower_thread_priori
 RATE_WINDOW_S = 10  # the rejection rate is measured over this many seconds
 MAX_RETRY_AFTER_S = 60.0
 IDLE_POLL_S = 0.5  # an idle engine thread looks at its inbox at least this often
+JOIN_LIMIT_S = 10.0  # how long ``stop`` waits for the engine thread to end its step
 
 log = logging.getLogger("chunlian.engine")
 
@@ -100,6 +101,10 @@ class Engine:
         return self.core.model_tag
 
     @property
+    def search_tag(self) -> str:
+        return self.core.search_tag
+
+    @property
     def hengpi(self) -> HengpiChooser | None:
         return self.core.hengpi
 
@@ -110,13 +115,23 @@ class Engine:
         self._thread.start()
 
     async def stop(self) -> None:
-        """Stop the loop; every pending request fails with ``EngineStopped``."""
+        """Stop the loop; every pending request fails with ``EngineStopped``. Only the
+        engine thread touches the core: it fails the core's requests as it ends. When it does
+        not end within ``JOIN_LIMIT_S`` (a step that hangs), the callers are answered here
+        without the core, which the thread fails when its step returns."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
         if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 10.0)
-        self._fail_all(EngineStopped("engine stopped"))
+            await asyncio.to_thread(self._thread.join, JOIN_LIMIT_S)
+        error = EngineStopped("engine stopped")
+        if self._thread is None or not self._thread.is_alive():
+            self._fail_all(error)
+            return
+        log.error("the engine thread did not end within %.0f s; its callers are answered now", JOIN_LIMIT_S)
+        for fut in list(self._pending.values()):
+            self._outbox.settle(fut, None, error)
+        self._outbox.flush(self._loop)
 
     @property
     def running(self) -> bool:
@@ -151,7 +166,8 @@ class Engine:
         timeout_s = self.config.timeout_s(req)
         # the core enforces the deadline; the extra second only guards against a stuck
         # engine so that no caller ever waits for ever
-        return await self._inflight.wait(req.identity(), lambda: self._submit(req, timeout_s), timeout_s + 1.0)
+        return await self._inflight.wait(req.identity(), lambda: self._submit(req, timeout_s), timeout_s + 1.0,
+                                         bulk=req.priority == "bulk")
 
     def _submit(self, req: CoupletRequest, timeout_s: float) -> Submitted[CoupletResult]:
         assert self._loop is not None
@@ -186,12 +202,13 @@ class Engine:
                     if not self._inbox and not self._stopping and wait_s is not None and wait_s > 0:
                         self._cv.wait(timeout=min(wait_s, IDLE_POLL_S))
                     if self._stopping:
-                        return
+                        break
                     inbox, self._inbox = self._inbox, deque()
                     self._queued_adds = 0
                 self._apply(inbox)
                 self._settle(self.core.step())
                 wait_s = self.core.idle_wait_s
+            self._settle(self.core.fail_all(EngineStopped("engine stopped")))
         except BaseException as e:  # engine failure: complete every pending future
             log.exception("engine loop failed")
             self._failure = e
@@ -214,6 +231,9 @@ class Engine:
                     e = Overloaded(str(e), self.retry_after_s())
                     self._rejected.add(time.monotonic())
                 self._settle([CoreOutput(item.req_id, error=e)])
+            except Exception as e:  # noqa: BLE001 - a request never ends the engine thread
+                log.exception("admission failed")
+                self._settle([CoreOutput(item.req_id, error=ModelError(f"admission failed: {type(e).__name__}"))])
         if aborts:
             self.core.abort(aborts)
 
@@ -226,12 +246,11 @@ class Engine:
         self._outbox.flush(self._loop)
 
     def _fail_all(self, error: ChunlianError) -> None:
-        """After the thread has stopped: the core's requests and the inbox's fail."""
-        outs = self.core.fail_all(error)
+        """After the thread has ended (it failed the core's requests as it did): the
+        inbox's requests, which never reached the core, fail."""
         with self._cv:
             inbox, self._inbox = self._inbox, deque()
-        outs += [CoreOutput(i.req_id, error=error) for i in inbox if not isinstance(i, int)]
-        self._settle(outs)
+        self._settle([CoreOutput(i.req_id, error=error) for i in inbox if not isinstance(i, int)])
 
 
 def lower_thread_priority(nice: int) -> bool:

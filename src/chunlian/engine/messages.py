@@ -37,6 +37,7 @@ class Stop:
 @dataclass(frozen=True)
 class Ready:
     model_tag: str
+    search_tag: str  # the weights that write searched answers (``EngineCore.search_tag``)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ Messages are the typed dataclasses of ``engine.messages`` over one ``multiproces
 pipe; errors cross as plain data and are rebuilt from ``chunlian.errors``. Every future
 completes on every path: result, error, cancellation (an ``Abort`` frees the rows), the
 child's exit or crash (every pending request fails with ``EngineStopped`` and ``running``
-turns false, so the instance reports not ready), and ``stop``.
+turns false, so the instance reports not ready), a child that stops stepping (its periodic
+stats stop: ``running`` turns false after ``WEDGED_AFTER_S``, and ``stop`` kills it), and
+``stop``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
@@ -48,14 +51,20 @@ from chunlian.types import CoupletRequest, CoupletResult
 log = logging.getLogger("chunlian.engine")
 START_LIMIT_S = 300.0
 STOP_LIMIT_S = 15.0
+# a child that sent nothing for this long is wedged (it sends stats every 0.25 s, idle or
+# not, between steps; a step takes well under a second): it reports not running, so the
+# dispatcher routes nothing more to it and its supervisor replaces it
+WEDGED_AFTER_S = 30.0
 
 
 class ProcessEngine:
     """An ``EngineClient`` over an engine core in a child process."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, child: Callable[[EngineConfig, Connection], None] | None = None) -> None:
         self.config = config
+        self._child = child if child is not None else child_main  # the process's entry point
         self.model_tag = "chunlian-couplet@loading"
+        self.search_tag = self.model_tag
         self.stats = EngineStats(max_queue_size=config.max_queue_size)
         self._listeners: list[Callable[[StepReport], None]] = []
         self._pending: dict[int, asyncio.Future[CoupletResult]] = {}
@@ -66,6 +75,7 @@ class ProcessEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[str] | None = None
         self._alive = False
+        self._heard_s: float | None = None  # when the child last sent anything (once ready)
         self._send_lock = threading.Lock()
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -79,7 +89,7 @@ class ProcessEngine:
         ctx = mp.get_context("spawn")  # never fork a process that may hold torch threads
         parent, child = ctx.Pipe(duplex=True)
         self._conn = parent
-        self._proc = ctx.Process(target=child_main, args=(self.config, child),
+        self._proc = ctx.Process(target=self._child, args=(self.config, child),
                                  name="chunlian-engine-core", daemon=True)
         self._proc.start()
         child.close()
@@ -96,9 +106,10 @@ class ProcessEngine:
         """Stop the child (its pending requests fail with ``EngineStopped``) and wait for it."""
         if self._proc is None:
             return
+        wedged = self.wedged
         self._send(Stop())
         proc = self._proc
-        await asyncio.to_thread(proc.join, STOP_LIMIT_S)
+        await asyncio.to_thread(proc.join, 0.0 if wedged else STOP_LIMIT_S)
         if proc.is_alive():
             proc.kill()
             await asyncio.to_thread(proc.join, 5.0)
@@ -109,7 +120,13 @@ class ProcessEngine:
     def running(self) -> bool:
         # the reader thread clears ``_alive`` when the pipe closes, which the child's exit
         # does; no waitpid here: this is read on every request (by each replica's router too)
-        return self._alive
+        return self._alive and not self.wedged
+
+    @property
+    def wedged(self) -> bool:
+        """Whether the child, once ready, has sent nothing for ``WEDGED_AFTER_S``."""
+        heard = self._heard_s
+        return heard is not None and time.monotonic() - heard > WEDGED_AFTER_S
 
     def add_step_listener(self, fn: Callable[[StepReport], None]) -> None:
         self._listeners.append(fn)
@@ -154,11 +171,13 @@ class ProcessEngine:
         try:
             while True:
                 msg = conn.recv()
+                self._heard_s = time.monotonic()
                 if isinstance(msg, Answers):  # a step's answers: one wake-up of the loop
                     loop.call_soon_threadsafe(self._settle_all, msg.answers)
                 elif isinstance(msg, Stats):
                     self._on_stats(msg)
                 elif isinstance(msg, Ready):
+                    self.search_tag = msg.search_tag
                     loop.call_soon_threadsafe(self._set_ready, msg.model_tag, None)
                 elif isinstance(msg, Failed):
                     loop.call_soon_threadsafe(self._set_ready, None, E.ModelError(msg.reason))

@@ -108,6 +108,10 @@ class ReplicatedEngine:
     def model_tag(self) -> str:
         return self.replicas[0].model_tag
 
+    @property
+    def search_tag(self) -> str:
+        return self.replicas[0].search_tag
+
     async def start(self) -> None:
         """Start every replica at once; if one fails, stop the others and raise its error.
         With a factory, a supervisor then replaces any replica that stops. Once: a second
@@ -225,7 +229,8 @@ class ReplicatedEngine:
             return task, abort
 
         # each replica guards its own deadline; this margin only outlasts theirs
-        return await self._inflight.wait(req.identity(), submit, self.config.timeout_s(req) + 5.0)
+        return await self._inflight.wait(req.identity(), submit, self.config.timeout_s(req) + 5.0,
+                                         bulk=req.priority == "bulk")
 
     async def _generate_routed(self, req: CoupletRequest) -> CoupletResult:
         """A request whose replica stopped under it (``EngineStopped``) is sent once more, to

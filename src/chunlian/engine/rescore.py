@@ -3,7 +3,7 @@ a step in which beam searches finished (``EngineCore``).
 
 A beam ranks its lines by ``log p(lower | upper)`` under the searching weights. With
 ``BeamParams.channel_weight`` the searching weights' channel score ``log p(upper | lower)``
-joins (``model.channel``: it rewards lines that answer this very 上联), and with
+joins (``engine.channel``: it rewards lines that answer this very 上联), and with
 ``rescore_weight`` the forward score of other weights (in the quality preset: the shipped
 ones voting on the reverse-trained weights' candidates). All lines of every request that
 finished in one step are scored in one batched pass per model.
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from chunlian.engine.channel import ChannelScorer
 from chunlian.engine.request import BeamHyp
-from chunlian.model.channel import ChannelScorer
 from chunlian.model.checkpoint import LoadedModel
 from chunlian.types import BeamParams
 

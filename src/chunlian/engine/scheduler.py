@@ -16,7 +16,8 @@ Admission rules
     every step (on this CPU a small forward costs about as much as a full decode step).
     A newcomer waits at most a few decode steps for this.
   * Deadlines count queue time: a waiting request whose deadline passed is dropped before it
-    reaches the model (``expired``); a running one is released (``release``).
+    reaches the model (``expired``); a running one is released (``release``) once
+    ``RUNNING_GRACE_S`` more have passed, so an answer nearly done is finished and cached.
   * Cancellation: a cancelled waiting request is dropped; a running one frees its slots.
   * Priorities: interactive first, FIFO within a class. Whenever bulk work waits it may hold
     up to ``bulk_min_share`` of the slots (at least one) even while interactive work waits,
@@ -24,11 +25,18 @@ Admission rules
     more than that share: every row in a step shares its cost, so bulk rows slow interactive
     answers even when slots are free. With no interactive work, bulk fills every slot. This
     is the one place the bulk share is enforced: job runners send bulk work at ``bulk``
-    priority and leave the pacing to the scheduler.
+    priority and leave the pacing to the scheduler. The head of the interactive queue is
+    never kept out by that share: bulk holds no more than leaves it room, so it waits at
+    most for the rows running when it became the head, whatever the pool's size.
+  * An engine with nothing it can run sleeps until something can change: the first waiting
+    request's max wait, else the first waiting deadline (new requests wake it).
   * Searches (``engine.tiers``: the best and good modes): with ``beam_rows`` > 0 their rows
     are a pool of their own (the reverse-trained weights' runner), so a search waiting for
     rows never holds up greedy requests behind it, nor they it. Bulk searches keep to the
-    bulk share of that pool (at least one search) while interactive work runs or waits.
+    bulk share of that pool (at least one search) while interactive work runs or waits. A
+    bulk search that waited for that pool a quarter of its timeout (at most 5 s) while
+    interactive searches hold or wait for it is written greedily in the main pool, where bulk
+    has its floor; a bulk search is never refused as unreachable.
   * Quality ``auto``: its mode is chosen when it is admitted (``StepDown.choose``), from the
     measured queue wait of interactive requests against its deadline and the free search
     rows. A ``best`` request whose deadline the measured service times say cannot be met
@@ -39,99 +47,31 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
-from chunlian.config import EngineSettings
-from chunlian.engine.tiers import SEARCH_OF, StepDown
-from chunlian.types import BatchingMode, Priority, Served
+from chunlian.engine.schedplan import (
+    Hopeless,
+    QueueFull,
+    SchedRequest,
+    SchedulerConfig,
+    StepPlan,
+    Unreachable,
+    bulk_rows,
+)
+from chunlian.engine.tiers import SEARCH_OF
+from chunlian.types import Priority, Served
 
-KNOBS = EngineSettings.defaults()  # the engine knobs' defaults
+__all__ = ["Hopeless", "QueueFull", "SchedRequest", "Scheduler", "SchedulerConfig", "StepPlan",
+           "Unreachable", "bulk_rows"]
+
 EWMA_WEIGHT = 0.2  # weight of the newest sample in the measured waits and service times
-
-
-@dataclass
-class SchedRequest:
-    """The scheduler's view of one request."""
-
-    req_id: int
-    priority: Priority
-    n_seqs: int
-    arrival_s: float
-    deadline_s: float
-    cancelled: bool = False
-    remaining: int = 0  # sequences not yet finished, once admitted
-    tier: Served | None = "fast"  # the mode that answers it; None: chosen at admission (auto)
-    admitted_s: float = 0.0
-
-    def rows_as(self, tier: Served) -> int:
-        """Rows it holds when ``tier`` answers it."""
-        params = SEARCH_OF.get(tier)
-        return params.width if params is not None else self.n_seqs
-
-
-@dataclass
-class StepPlan:
-    """What the engine does next. ``idle_wait_s`` is set only when there is nothing to run."""
-
-    prefill: list[int] = field(default_factory=list)  # request ids to admit now
-    decode: bool = False  # run one decode step over the live sequences
-    expired: list[int] = field(default_factory=list)  # waiting, deadline passed: fail, never run
-    cancelled: list[int] = field(default_factory=list)  # waiting, cancelled: fail, never run
-    release: list[int] = field(default_factory=list)  # running, cancelled or past deadline
-    tiers: dict[int, Served] = field(default_factory=dict)  # modes chosen for admitted auto requests
-    idle_wait_s: float | None = None
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.prefill or self.decode)
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """The engine knobs the scheduler reads; their defaults and bounds are ``EngineSettings``'."""
-
-    max_batch_size: int = KNOBS.max_batch_size  # the engine passes its config's
-    max_wait_ms: float = KNOBS.max_wait_ms
-    max_queue_size: int = KNOBS.max_queue_size
-    batching: BatchingMode = KNOBS.batching
-    bulk_min_share: float = KNOBS.bulk_min_share
-    min_prefill_seqs: int = KNOBS.min_prefill_seqs  # 0 = auto: max(1, max_batch_size // 8)
-    beam_rows: int = KNOBS.beam_rows  # rows of the searches' own pool (the core passes 0 without one)
-    step_down: StepDown = field(default_factory=StepDown)
-
-    @property
-    def prefill_group(self) -> int:
-        auto = max(1, self.max_batch_size // 8)
-        return min(self.max_batch_size, self.min_prefill_seqs or auto)
-
-    def __post_init__(self) -> None:
-        if self.beam_rows < 0:
-            raise ValueError(f"beam_rows must be >= 0, got {self.beam_rows}")
-        EngineSettings.check(
-            max_batch_size=self.max_batch_size, max_wait_ms=self.max_wait_ms,
-            max_queue_size=self.max_queue_size, batching=self.batching,
-            bulk_min_share=self.bulk_min_share, min_prefill_seqs=self.min_prefill_seqs,
-        )
-
-
-def bulk_rows(rows: int, share: float) -> int:
-    """Rows of ``rows`` that bulk work may hold while interactive work runs or waits:
-    ``share`` of them, at least one (none when ``share`` is 0). The scheduler reserves them
-    for waiting bulk work and holds bulk to them beside interactive work."""
-    return max(1, math.floor(rows * share)) if share > 0 else 0
-
-
-class QueueFull(Exception):
-    """Raised by ``add`` when the waiting queue holds ``max_queue_size`` requests."""
-
-
-class Unreachable(Exception):
-    """Raised by ``add`` for a search that, on the measured service times, cannot end
-    before its deadline; ``wait_s``: when it could start, as estimated."""
-
-    def __init__(self, wait_s: float) -> None:
-        super().__init__(f"a search could start in about {wait_s:.1f} s")
-        self.wait_s = wait_s
+# a bulk search waits for search rows at most this share of its timeout, and at most this
+# long, before it is written greedily (``Scheduler._overdue``)
+BULK_SEARCH_WAIT_SHARE = 0.25
+BULK_SEARCH_MAX_WAIT_S = 5.0
+# a running request is released this long after its deadline: its caller has had its 504,
+# and an answer finished meanwhile is cached for the retry (``api.service``); a request still
+# waiting is dropped at its deadline
+RUNNING_GRACE_S = 0.5
 
 
 class Scheduler:
@@ -158,14 +98,15 @@ class Scheduler:
 
     def add(self, req: SchedRequest) -> None:
         """Queue a request; raises ``QueueFull`` past ``max_queue_size``, ``Unreachable``
-        for a search whose deadline cannot be met."""
+        for a search whose deadline cannot be met now, ``Hopeless`` for one whose mode takes
+        longer than its whole timeout."""
         rows = req.rows_as(req.tier) if req.tier is not None else req.n_seqs
         if rows > self._pool_rows(req.tier):
             raise ValueError(f"request needs {rows} slots, its pool has {self._pool_rows(req.tier)}")
         if self.queue_depth >= self.cfg.max_queue_size:
             raise QueueFull()
-        if req.tier is not None and self._pooled(req.tier):
-            self._check_reachable(req, rows)
+        if req.tier is not None and self._pooled(req.tier) and req.priority == "interactive":
+            self._check_reachable(req, rows)  # a bulk search steps down instead (``_overdue``)
         self.waiting[req.priority].append(req)
         self._by_id[req.req_id] = req
 
@@ -237,6 +178,8 @@ class Scheduler:
         took = self.service_s.get(req.tier)
         if took is None or not math.isfinite(req.deadline_s):
             return
+        if took > req.deadline_s - req.arrival_s:
+            raise Hopeless(req.tier, took, req.deadline_s - req.arrival_s)
         ahead = self.live_search_rows + sum(
             r.rows_as(r.tier) for q in self.waiting.values() for r in q
             if r.tier is not None and self._pooled(r.tier))
@@ -261,16 +204,25 @@ class Scheduler:
             q.clear()
             q.extend(kept)
         for r in list(self.running.values()):
-            if r.cancelled or r.deadline_s <= now_s:
+            if r.cancelled or r.deadline_s + RUNNING_GRACE_S <= now_s:
                 plan.release.append(r.req_id)
                 self.fail_running(r.req_id)
         self._admit(plan, now_s)
         admitted = sum(self._by_id[i].remaining for i in plan.prefill if i in self._by_id)
         plan.decode = self.live_seqs + self.live_search_rows > admitted
         if not plan.has_work and self.queue_depth:
-            first = min(q[0].arrival_s for q in self.waiting.values() if q)
-            plan.idle_wait_s = max(0.0, first + self.cfg.max_wait_ms / 1000.0 - now_s)
+            plan.idle_wait_s = self._idle_wait_s(now_s)
         return plan
+
+    def _idle_wait_s(self, now_s: float) -> float:
+        """How long an engine with nothing to run may sleep: until the first waiting request's
+        max wait ends; past it, nothing was admitted, and only a new input (which wakes the
+        engine) or a waiting request's deadline changes that, so until the first deadline."""
+        waiting = [r for q in self.waiting.values() for r in q]
+        first = min(r.arrival_s for r in waiting) + self.cfg.max_wait_ms / 1000.0
+        if first > now_s:
+            return first - now_s
+        return max(0.0, min(r.deadline_s for r in waiting) - now_s)
 
     def _admit(self, plan: StepPlan, now_s: float) -> None:
         cap = self.cfg.max_batch_size
@@ -289,13 +241,32 @@ class Scheduler:
         # more rows asked for than free: the engine is saturated, auto requests get no search
         self._backlog = self._waiting_seqs(cap - self.live_seqs + 1) > cap - self.live_seqs
         bulk_q, inter_q = self.waiting["bulk"], self.waiting["interactive"]
-        share = bulk_rows(cap, self.cfg.bulk_min_share)
-        reserve = max(0, share - self.live_bulk_seqs) if bulk_q else 0
+        reserve = max(0, self._bulk_floor() - self.live_bulk_seqs) if bulk_q else 0
         self._take(inter_q, cap - self.live_seqs - reserve if main_ok else 0, plan, now_s)
         bulk_room = cap - self.live_seqs
-        if inter_q or self.live_seqs > self.live_bulk_seqs:  # interactive work: bulk keeps to its share
-            bulk_room = min(bulk_room, share - self.live_bulk_seqs)
+        if inter_q or self.live_seqs > self.live_bulk_seqs:  # interactive work: bulk keeps to its floor
+            bulk_room = min(bulk_room, self._bulk_floor() - self.live_bulk_seqs)
         self._take(bulk_q, bulk_room if main_ok else 0, plan, now_s)
+
+    def _bulk_floor(self) -> int:
+        """Main rows bulk may hold beside interactive work: its share (``bulk_rows``), or its
+        head's rows while it holds none (a bulk request wider than a share above 0 still runs), but
+        never so many that the interactive head cannot fit once the rows it waits for are free.
+        So the head of the interactive queue waits at most for the rows running when it
+        became the head, whatever the pool's size (with 8 rows the share is one row, and an
+        ``n=8`` request beside it would otherwise never fit)."""
+        cap = self.cfg.max_batch_size
+        floor = bulk_rows(cap, self.cfg.bulk_min_share)
+        bulk_q = self.waiting["bulk"]
+        if floor and bulk_q and self.live_bulk_seqs == 0 and not self._pooled_tier(bulk_q[0]):
+            floor = max(floor, bulk_q[0].n_seqs)
+        head = next((r for r in self.waiting["interactive"] if not self._pooled_tier(r)), None)
+        return floor if head is None else min(floor, cap - head.n_seqs)
+
+    def _pooled_tier(self, r: SchedRequest) -> bool:
+        """Whether ``r``'s rows come from the search pool (an ``auto`` one: not yet known, so
+        counted in the main pool, where its greedy answer would run)."""
+        return r.tier is not None and self._pooled(r.tier)
 
     def _waiting_seqs(self, limit: int) -> int:
         """Sequences waiting, counted up to ``limit`` (each step asks; the queue can be long)."""
@@ -350,6 +321,9 @@ class Scheduler:
             tier = r.tier if r.tier is not None else self._choose(r, room, now_s, searches=not skipped)
             if tier == "best" and r.priority == "bulk" and self._pooled(tier) and not skipped:
                 tier = self._bulk_search(r)
+            if self._pooled(tier) and self._overdue(r, now_s) and (
+                    skipped or r.rows_as(tier) > self._search_room(r.priority)):
+                tier = "fast"
             rows = r.rows_as(tier)
             if self._pooled(tier):
                 if skipped or rows > self._search_room(r.priority):
@@ -371,6 +345,22 @@ class Scheduler:
         if r.rows_as("best") <= room or r.rows_as("good") > room:
             return "best"
         return "good"
+
+    def _overdue(self, r: SchedRequest, now_s: float) -> bool:
+        """Whether bulk search ``r`` has waited for search rows as long as it may while
+        interactive searches hold or wait for them: then it is written greedily in the main
+        pool, where bulk has its floor (its answer says ``fast``), instead of waiting for its
+        deadline under steady interactive search demand. Behind bulk searches alone it waits
+        its turn (a job's items progress in order)."""
+        if r.priority != "bulk":
+            return False
+        bound_s = min(BULK_SEARCH_MAX_WAIT_S, BULK_SEARCH_WAIT_SHARE * (r.deadline_s - r.arrival_s))
+        return now_s - r.arrival_s >= bound_s and self._interactive_searches()
+
+    def _interactive_searches(self) -> bool:
+        """Whether interactive searches hold search rows or wait for them."""
+        return self.live_search_rows > self.live_bulk_search_rows or any(
+            r.tier is not None and self._pooled(r.tier) for r in self.waiting["interactive"])
 
     def _start(self, r: SchedRequest, tier: Served, rows: int, plan: StepPlan, now_s: float) -> None:
         auto = r.tier is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chunlian.errors import Cancelled, ChunlianError, DeadlineExceeded
+
 
 @dataclass
 class EngineStats:
@@ -22,6 +24,16 @@ class EngineStats:
     tokens_total: int = 0
     steps_total: int = 0
     prefill_total: int = 0
+
+    def count_end(self, error: ChunlianError | None) -> None:
+        """Count a request that ended with ``error`` (None: a result)."""
+        if error is None:
+            self.completed += 1
+        elif isinstance(error, Cancelled):
+            self.cancelled += 1
+        else:
+            self.failed += 1
+            self.deadline_drops += isinstance(error, DeadlineExceeded)
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from chunlian.types import BeamParams, CoupletRequest, Quality, Served
+from chunlian.errors import InvalidInput
+from chunlian.types import BEST_SEARCH_ROWS, BeamParams, CoupletRequest, Quality, Served
 
 # the search is width 32 (narrower searches lose more than BLEU shows when read blind); only
 # its best 16 lines are reranked, half the rescoring for 93-100% of the BLEU gain
 # (docs/performance.md, "Quality mode: search width and rescoring")
-BEST = BeamParams(width=32, channel_weight=0.75, rescore_weight=0.5, rescore_top=16)
+BEST = BeamParams(width=BEST_SEARCH_ROWS, channel_weight=0.75, rescore_weight=0.5, rescore_top=16)
 GOOD = BeamParams(width=8, channel_weight=0.75, rescore_weight=0.5)
 # the searching modes, best first; anything else is ``fast``
 SEARCHES: tuple[tuple[Served, BeamParams], ...] = (("best", BEST), ("good", GOOD))
@@ -41,12 +42,33 @@ SEARCH_OF: dict[str, BeamParams] = dict(SEARCHES)
 def fixed_tier(req: CoupletRequest, searching: bool) -> Served | None:
     """The mode that answers ``req`` whatever the load, or None when the scheduler chooses
     (``auto``). ``searching``: whether the engine has the weights to search with. A request
-    a search cannot answer (a composed couplet, a seed) is ``fast``."""
+    a search cannot answer (a seed; a composed couplet, whose 上联 the service searches
+    first: ``engine.composed``) is ``fast``."""
     if not req.searchable or not searching or req.quality == "fast":
         return "fast"
     if req.quality == "best":
         return "best"
     return None
+
+
+def core_tier(req: CoupletRequest, pooled: bool) -> Served | None:
+    """The mode that answers ``req`` in an engine core whatever the load (None: the scheduler
+    chooses); ``pooled``: the core has a search pool. A request with a search of its own
+    (CLI, offline quality mode, Celery jobs, sweeps) runs it as it is and its answer names the
+    preset it ran (``served_of``); with a search pool, only the presets' searches are served,
+    from that pool (raises ``InvalidInput`` for another)."""
+    if req.params.beam is None:
+        return fixed_tier(req, pooled)
+    tier = served_of(req, None)
+    # the search of a composed 上联 (``engine.composed``) runs on the main rows, as do all
+    # searches of an engine without a search pool: their own rows (``params.rows``)
+    if req.upper is None:
+        return "fast"
+    if not pooled:
+        return tier
+    if tier == "fast":
+        raise InvalidInput("this engine searches only with its quality presets; use quality", "beam")
+    return tier
 
 
 def served_of(req: CoupletRequest, tier: Served | None) -> Served:

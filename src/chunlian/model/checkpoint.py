@@ -20,7 +20,7 @@ from chunlian.model.transformer import CoupletTransformer, ModelConfig
 MODEL_NAME = "chunlian-couplet"
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent.parent / "weights" / "chunlian-couplet.safetensors"
 # Weights trained with reversed pairs (``chunlian train --augment-reverse``): weaker greedy,
-# stronger under a wide beam with channel reranking (``model.channel``) - the offline
+# stronger under a wide beam with channel reranking (``engine.channel``) - the offline
 # quality preset (``offline.QUALITY``; docs/MODEL_CARD.md)
 QUALITY_WEIGHTS = DEFAULT_WEIGHTS.with_name("chunlian-couplet-rev.safetensors")
 

@@ -22,6 +22,9 @@ Rules for the 下联 (hard, hold by construction):
 Soft (biases, tunable): 平仄 opposition at even positions and clause ends (``tone_bias``),
 and the style's lexicon (``style_bias``).
 For a composed 上联: Han characters only, forced head characters, ends 仄, blocklist.
+A line headed by a name's character (``named``) never puts a negative continuation of it
+next (``chunlian.names.banned_after_head``: 胡 + 言). A forced 下联 head may repeat the
+上联's (a name such as 丹丹: ``chunlian.names``): forced characters are never banned.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from torch import Tensor
 from chunlian.data.blocklist import Blocklist
 from chunlian.model.styles import LEXICONS, STYLE_BIAS, STYLES
 from chunlian.model.tokenizer import Tokenizer
+from chunlian.names import banned_after_head
 from chunlian.text import checked_positions, is_han, tone_class
 
 # which tone to push towards at a position: 0 none, 1 ping, 2 ze
@@ -152,10 +156,14 @@ class LineState:
     upper_forced: dict[int, str] = field(default_factory=dict)
     lower_forced: dict[int, str] = field(default_factory=dict)
     upper_banned: frozenset[str] = frozenset()
+    # the forced heads are a name's: what follows a head may not insult it (``chunlian.names``)
+    named: bool = False
+    # a search of the 上联 alone (``engine.composed``): done once the 上联 is complete
+    upper_only: bool = False
 
     @property
     def done(self) -> bool:
-        return self.phase == "lower" and len(self.lower) == self.upper_len
+        return self.phase == "lower" and (self.upper_only or len(self.lower) == self.upper_len)
 
     def next_rule(self, blocklist: Blocklist) -> tuple[str | None, set[str], int, bool]:
         """(forced char, banned chars, wanted tone bias, must be 平/仄 hard) for the next char.
@@ -177,6 +185,8 @@ class LineState:
                 return self.upper_forced[i], _NOTHING, set(), WANT_NONE, False
             # a composed 上联 repeats no character: repeats read as stutter, not as wordplay
             extra = blocklist.banned_next(self.upper) | set(self.upper)
+            if self.named and i == 1 and 0 in self.upper_forced:
+                extra |= banned_after_head(self.upper_forced[0])
             hard_ze = i == self.upper_len - 1
             return None, self.upper_banned, extra, WANT_ZE if hard_ze else WANT_NONE, hard_ze
         j = len(self.lower)
@@ -191,6 +201,8 @@ class LineState:
         extra = set(_han_set(self.lower))
         extra |= blocklist.banned_next(self.lower)
         extra |= lookahead_banned(u, self.lower, self.lower_forced, blocklist)
+        if self.named and j == 1 and 0 in self.lower_forced:
+            extra |= banned_after_head(self.lower_forced[0])
         return None, _han_set(u), extra, want, hard
 
     def push(self, ch: str) -> None:

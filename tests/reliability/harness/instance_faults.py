@@ -42,6 +42,7 @@ async def instance_fault(*, clients: int = 8, duration_s: float = 30.0, kill_aft
         return out
     from chunlian.cluster.launcher import Cluster, ClusterSpec
     from chunlian.cluster.procs import free_port as cluster_free_port
+    from chunlian.config import load_settings
 
     env = {"CHUNLIAN_CACHE_SIZE": "0", "CHUNLIAN_WARMUP": "", "CHUNLIAN_DEVICE": "cpu",
                 "CHUNLIAN_LOG_LEVEL": "WARNING", "CHUNLIAN_MAX_BATCH_SIZE": "16"}
@@ -53,7 +54,7 @@ async def instance_fault(*, clients: int = 8, duration_s: float = 30.0, kill_aft
                        nginx_worker_processes="1", env=env, ready_timeout_s=240, access_log=False,
                        prefix=prefix)
     try:
-        cluster = await asyncio.to_thread(lambda: Cluster(spec).start())
+        cluster = await asyncio.to_thread(lambda: Cluster(spec, load_settings(environ={**os.environ, **spec.env})).start())
     except BaseException:
         shutil.rmtree(prefix, ignore_errors=True)
         raise
