@@ -65,7 +65,8 @@ def validate_user_upper(raw: object) -> str:
 def validate_heads(raw: object) -> str:
     """A name of 1-4 characters for a 藏头 couplet, as the characters that head its two lines
     (``names.line_heads``: a full name's given name; 丹丹 heads both lines with 丹). The
-    whole name is checked against the blocklist, as typed and as the model writes it."""
+    whole name is checked for vulgar or insulting terms (``check_words``), as typed and
+    simplified."""
     name = _han_only(raw, "heads", MAX_NAME_CHARS)
     return line_heads(name)
 

@@ -194,7 +194,7 @@ def test_compose_names_in_each_quality_on_the_real_engine(client: httpx.Client, 
 
 def test_compose_refuses_a_vulgar_name_naming_the_field(client: httpx.Client) -> None:
     for q in ("best", "fast"):
-        assert_error(client.post("/v1/couplets/compose", json={"heads": "王拐卖", "quality": q}),
+        assert_error(client.post("/v1/couplets/compose", json={"heads": "王傻逼", "quality": q}),
                      422, "invalid_input", "heads")
 
 
