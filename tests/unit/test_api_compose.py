@@ -4,12 +4,15 @@ a blocked name. The two stages of the quality modes are seen in the engine's cal
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from chunlian.engine.composed import UPPER_SEARCH
 from tests.unit.api_fakes import running_app
 
 COMPOSE = "/v1/couplets/compose"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("quality", "served"), [("best", "best"), ("fast", "fast"), ("auto", "best"), (None, "best")])
@@ -138,3 +141,20 @@ async def test_auto_compose_is_one_greedy_sequence_while_requests_wait() -> None
         assert len(h.engine.calls) == 1 and h.engine.calls[0].params.beam is None
         best = await h.client.post(COMPOSE, json={"heads": "王秀英", "quality": "best"})
         assert best.json()["served"] == "best" and len(h.engine.calls) == 3  # best is searched whatever the load
+
+
+async def test_none_of_the_500_most_common_full_names_is_refused() -> None:
+    rows = (ROOT / "data" / "campaign" / "names.tsv").read_text(encoding="utf-8").splitlines()[1:501]
+    names = [r.split("\t")[1] for r in rows]
+    assert len(names) == 500 and sum(len(n) == 3 for n in names) > 100
+    async with running_app() as h:
+        refused = []
+        for name in names:
+            r = await h.client.post(COMPOSE, json={"heads": name, "quality": "fast"})
+            if r.status_code != 200:
+                refused.append((name, r.text))
+                continue
+            # the given name heads the lines (a 3-character name's surname is not written)
+            out = r.json()
+            assert (out["upper"][0], out["lower"][0]) == (name[-2], name[-1]), name
+    assert refused == []
