@@ -21,9 +21,24 @@ continuations that turn it into a negative word (胡 + 言 = 胡言 "nonsense"),
 stand right after a name's head in either line. Both were drawn from the answers for the
 500 most common names (``docs/guides/campaign-page.md``, "Names"): small lists, since a
 ban costs the model a choice at the one place where the name leaves it one.
+
+A head character the corpus rarely opens a word with (娜, 婷, 玲) invites an invented word
+(娜郎, 婷角, 玲水): where ``HEAD_WORDS`` (``resources/head_words.tsv``, built by
+``scripts/build_head_words.py`` from the training pairs) lists what follows a head, the
+character after it must be one of those (``allowed_after_head``).
+
+A composed couplet hangs on a family's door under their name, so its lines, 上联 and 下联,
+keep a festive register (``FESTIVE_BANNED_CHARS``, ``FESTIVE_BANNED_TERMS``): no grief, blood
+or ageing (千古恨, 万年愁, 血染, 无常, 花已落, 红颜老), and no allusion that mocks a surname
+(刘伶 the drunkard, 梁上 of 梁上君子 the thief, 冯唐 of 冯唐易老) or turns it into someone
+else's (王母: the line is then about the goddess), nor the stock templates' 风流 and 千古.
+Drawn from the blind read of the 200 most common names (``docs/guides/campaign-page.md``).
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
 
 from chunlian.text import is_han
 
@@ -43,6 +58,44 @@ for _w in _NEGATIVE_WORDS:
 # never right after a name's head, whatever the head: death, illness, poverty, loss and
 # the animals that insult a person (the answers held 静鸡, and 娜婆 / 婷婆 for young women)
 NEAR_HEAD_NEGATIVE = frozenset("死亡丧病穷贫败衰孤寡残鸡狗猪婆")
+
+
+# never in a composed line: grief, tears, blood, cold, death and ageing, which the model
+# writes in its stock name templates (王子风流千古恨 / 伟人浪漫万年愁, 军人血染, 夜光寒)
+FESTIVE_BANNED_CHARS = frozenset("恨愁悲泪血哀怨伤殇哭泣痛惨孤寡死丧坟墓鬼寒")
+# words of the same kind whose characters are innocent alone (千古 is what a memorial
+# scroll writes after a name), 风流 (amorous, and the core of the templates 王子风流千古恨,
+# 宋代风流千古事, 赵氏风流人不老 that the model writes for any surname), and allusions that
+# mock a surname or make it someone else's: 刘伶 the drunkard, 梁上 (君子, the thief), 冯唐
+# (易老, the talent never used), 王母 (the goddess)
+FESTIVE_BANNED_TERMS = frozenset([
+    "无常", "花已", "已落", "花落", "落花", "寂寞", "白发", "颜老", "风老", "人老", "无力", "生死",
+    "千古", "风流", "刘伶", "梁上", "冯唐", "王母", "陈年旧",
+])
+# never right after the 上联's head (a 2-character name's surname): what makes it a
+# person, a title, a clan or a dynasty. The model's stock 上联 for a surname reads it so
+# (王子风流 / 王者不知天下事, 刘公已是春秋事, 刘郎, 宋代, 郑国, 赵氏, 冯公, 邓公) and is then
+# about someone else, with the same line for every given name; read in its own sense the
+# character opens lines a family hangs (张灯结彩, 黄梅傲雪, 高歌盛世, 何处春风)
+NOT_A_PERSON = frozenset("子者公郎氏代国朝君王帝侯伶")
+# a head must have at least this many attested continuations for the rule to apply: one
+# or two would leave the model a forced and often meaningless word
+MIN_HEAD_WORDS = 3
+
+
+@lru_cache(maxsize=1)
+def head_words() -> dict[str, str]:
+    """head -> the characters that follow it inside a line of the training pairs."""
+    text = (Path(__file__).resolve().parent / "resources" / "head_words.tsv").read_text(encoding="utf-8")
+    return dict(ln.split("\t", 1) for ln in text.splitlines() if "\t" in ln)
+
+
+@lru_cache(maxsize=4096)  # one set per head: ``model.decoding`` caches its mask by the set
+def allowed_after_head(head: str) -> frozenset[str] | None:
+    """What may follow the name character ``head`` in a line it opens (None: anything the
+    other rules allow; the head has too few attested words)."""
+    words = head_words().get(head, "")
+    return frozenset(words) if len(words) >= MIN_HEAD_WORDS else None
 
 
 def given_name(name: str) -> str:

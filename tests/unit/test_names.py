@@ -10,8 +10,17 @@ import pytest
 
 from chunlian.data.blocklist import default_blocklist
 from chunlian.engine.composed import UPPER_SEARCH
-from chunlian.model.decoding import LineState
-from chunlian.names import HEAD_NEGATIVE, NEAR_HEAD_NEGATIVE, banned_after_head, line_heads
+from chunlian.model.decoding import LineState, named_list
+from chunlian.model.zodiac import with_zodiac
+from chunlian.names import (
+    FESTIVE_BANNED_CHARS,
+    HEAD_NEGATIVE,
+    NEAR_HEAD_NEGATIVE,
+    NOT_A_PERSON,
+    allowed_after_head,
+    banned_after_head,
+    line_heads,
+)
 from chunlian.offline import OfflineGenerator
 from chunlian.rules import no_shared_char
 from chunlian.script import is_traditional
@@ -44,7 +53,41 @@ def test_the_line_state_bans_them_only_right_after_a_names_head() -> None:
     lower.push("军")
     assert {"死", "病", "穷"} <= lower.next_rule(bl)[1]
     lower.push("旗")
-    assert "死" not in lower.next_rule(bl)[1]  # only right after the head
+    assert "穷" not in lower.next_rule(bl)[1]  # only right after the head (死 is never festive)
+
+
+def test_a_heads_next_character_is_one_the_corpus_writes_after_it() -> None:
+    na = allowed_after_head("娜")
+    assert na is not None and "郎" not in na and "妇" not in na and "多" in na
+    assert "珑" in (allowed_after_head("玲") or ()) and "水" not in (allowed_after_head("玲") or ())
+    assert allowed_after_head("a") is None  # a head the table does not cover is free
+    lower = LineState("traditional", "张灯结彩迎春到", 7, lower_forced={0: "娜"}, named=True)
+    assert lower.allowed_next() is None  # the head itself is forced
+    lower.push("娜")
+    assert lower.allowed_next() == na
+    lower.push("多")
+    assert lower.allowed_next() is None
+    assert LineState("traditional", "张灯结彩迎春到", 7, lower_forced={0: "娜"}).allowed_next() is None
+
+
+def test_a_names_lines_keep_a_festive_register_and_the_surname_names_no_one() -> None:
+    bl = with_zodiac(default_blocklist(), 2027)
+    upper = LineState("traditional", "王", 7, phase="upper", upper_forced={0: "王"}, named=True)
+    banned = upper.next_rule(bl)[1]
+    assert banned >= FESTIVE_BANNED_CHARS | NOT_A_PERSON  # 王子, 王者: someone else
+    upper = LineState("traditional", "王子风", 7, phase="upper", upper_forced={0: "王"}, named=True)
+    assert "流" in upper.next_rule(bl)[1] and "恨" in upper.next_rule(bl)[1]
+    lower = LineState("traditional", "张灯结彩迎春到", 7, lower="伟人气概万年", lower_forced={0: "伟"}, named=True)
+    assert {"愁", "悲", "血"} <= lower.next_rule(bl)[1]
+    lower = LineState("traditional", "金羊送福到万家", 7, lower="骏马迎", lower_forced={0: "骏"}, named=True)
+    assert "春" in lower.next_rule(bl)[1]  # 马迎春: the horse greeting the Goat's year
+    typed = LineState("traditional", "金羊送福到万家", 7, lower="骏马迎")  # a typed 上联's 下联
+    assert "春" not in typed.next_rule(bl)[1] and "愁" not in typed.next_rule(bl)[1]
+    keyword = LineState("traditional", "王", 7, phase="upper", upper_forced={0: "王"})
+    assert "子" not in keyword.next_rule(bl)[1]
+    named = named_list(bl)
+    assert all(named.find(t) for t in ("刘伶", "王子风流千古恨", "玉兔呈祥", "马岁", "大圣迎春"))
+    assert named.find("马去羊来辞旧岁") is None and named.find("三羊开泰") is None
 
 
 def test_a_repeated_head_opens_both_lines_and_nothing_else_is_shared() -> None:
@@ -84,6 +127,11 @@ def test_no_answer_puts_a_banned_character_after_a_names_head(gen: OfflineGenera
                 else:
                     assert no_shared_char(c.upper, c.lower), c
                 assert default_blocklist().find(c.upper + c.lower) is None
+                festive = named_list(default_blocklist())
+                assert festive.find(c.upper) is None and festive.find(c.lower) is None, c
+                assert FESTIVE_BANNED_CHARS.isdisjoint(c.upper + c.lower) and c.upper[1] not in NOT_A_PERSON, c
+                for line, head in zip((c.upper, c.lower), req.heads, strict=False):
+                    assert line[1] in (allowed_after_head(head) or line[1]), c
 
 
 def test_the_upper_search_writes_the_upper_alone_under_its_heads(gen: OfflineGenerator) -> None:

@@ -39,8 +39,10 @@ def _to_simplified(term: str) -> str:
 class Blocklist:
     """Terms that must never appear in training data or generated text."""
 
-    def __init__(self, terms: set[str] | frozenset[str]) -> None:
+    def __init__(self, terms: set[str] | frozenset[str], zodiac_year: int | None = None) -> None:
         self.terms = frozenset(t for t in terms if t and all(is_han(c) for c in t))
+        # the campaign year whose off-year zodiac terms it holds (``model.zodiac``), if any
+        self.zodiac_year = zodiac_year
         self.single_chars = frozenset(t for t in self.terms if len(t) == 1)
         self.multi = frozenset(t for t in self.terms if len(t) > 1)
         self.max_len = max((len(t) for t in self.terms), default=0)
