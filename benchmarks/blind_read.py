@@ -64,14 +64,15 @@ class System:
     answers: list[dict[str, Any]] = field(default_factory=list)
 
 
-def load_inputs(names: int, kinds: tuple[str, ...], limit: int | None = None) -> list[tuple[str, str]]:
-    """(kind, input) pairs of the campaign set: every line and keyword, the top ``names``;
-    at most ``limit`` of each kind."""
+def load_inputs(names: int, kinds: tuple[str, ...], limit: int | None = None,
+                skip_names: int = 0) -> list[tuple[str, str]]:
+    """(kind, input) pairs of the campaign set: every line and keyword, the top ``names``
+    less the first ``skip_names`` (a held-out range: 201-400); at most ``limit`` of each kind."""
     def column(file: str, col: str) -> list[str]:
         with (CAMPAIGN / file).open(encoding="utf-8", newline="") as f:
             return [row[col] for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
 
-    table = {"line": column("lines.tsv", "upper"), "name": column("names.tsv", "name")[:names],
+    table = {"line": column("lines.tsv", "upper"), "name": column("names.tsv", "name")[skip_names:names],
              "keyword": column("keywords.tsv", "keyword")}
     unknown = set(kinds) - set(table)
     if unknown:
@@ -181,7 +182,7 @@ def systems_of(args: argparse.Namespace) -> list[System]:
 def cmd_collect(args: argparse.Namespace) -> int:
     out_dir = args.runs / args.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    inputs = load_inputs(args.names, tuple(args.inputs.split(",")), args.limit)
+    inputs = load_inputs(args.names, tuple(args.inputs.split(",")), args.limit, args.skip_names)
     systems = systems_of(args)
     report: dict[str, Any] = {"inputs": dict(Counter(k for k, _ in inputs)), "systems": {}}
     t_all = time.perf_counter()
@@ -260,6 +261,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--candidate-label", default="candidate")
     c.add_argument("--inputs", default="line,name,keyword", help="kinds of input (default all)")
     c.add_argument("--names", type=int, default=200, help="the most common N names (default 200)")
+    c.add_argument("--skip-names", type=int, default=0, help="leave out the first N of those names")
     c.add_argument("--limit", type=int, help="at most N inputs of each kind (a quick check)")
     c.add_argument("--concurrency", type=int, default=2, help="requests in flight per system (auto: 1)")
     c.add_argument("--timeout-s", type=float, default=120.0, help="client timeout a request")

@@ -147,8 +147,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_compose(args: argparse.Namespace) -> int:
     from chunlian.offline import compose_request
 
+    _apply_quality(args)
     try:
-        req = compose_request(args.heads, args.keyword, args.length, args.style, args.n, args.seed)
+        # --quality: the 上联 searched under its head, then answered by the search (engine.composed)
+        req = compose_request(args.heads, args.keyword, args.length, args.style, args.n, args.seed,
+                              quality="best" if args.quality else "fast")
     except InvalidInput as e:
         return fail(e.message)
     (res,) = _generator(args).generate([req])
@@ -260,10 +263,13 @@ def _add_generate(sub: Any) -> None:
 def _add_compose(sub: Any) -> None:
     c = sub.add_parser("compose", help="a whole personalised couplet (藏头)")
     grp = c.add_mutually_exclusive_group(required=True)
-    grp.add_argument("--heads", help="one or two characters (a name)")
+    grp.add_argument("--heads", help="a name of 1-4 characters: a 2-character name heads the lines in order "
+                     "(王伟: 王/伟); of a 3- or 4-character one the given name heads them (王秀英: 秀/英); "
+                     "a repeated character heads both (丹丹)")
     grp.add_argument("--keyword", help="a theme word the upper line begins with")
     c.add_argument("--length", type=int, default=7, help="characters per line: 5 or 7 (default 7)")
     _request_flags(c)
+    _search_flags(c)
     _model_flags(c)
     c.set_defaults(fn=cmd_compose)
 
@@ -306,7 +312,9 @@ def _add_serve(sub: Any) -> None:
 def _add_warmup(sub: Any) -> None:
     w = sub.add_parser("warmup", help="warm a running service or cluster")
     w.add_argument("--url", required=True, help="the service or nginx in front of a cluster")
-    w.add_argument("--file", help="upper lines to send, one a line (default: the built-in list)")
+    w.add_argument("--file", help="entries, one a line: a 上联; a keyword of 1-4 characters (composed at "
+                   "lengths 7 and 5); or name:王秀英, a name composed as the page does (7 characters, the best mode; "
+                   "a 3-character name's given name heads the lines); default: the built-in list")
     w.add_argument("--api-key", default=None,
                    help="X-API-Key, needed when the service has CHUNLIAN_API_KEYS (default: $CHUNLIAN_API_KEY)")
     w.add_argument("--batches-in-flight", type=whole_number(1, 64, "batches"), default=2,

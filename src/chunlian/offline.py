@@ -13,6 +13,7 @@ from pathlib import Path
 
 from chunlian.data.blocklist import Blocklist
 from chunlian.engine.batch import run_batch
+from chunlian.engine.composed import search_width, staged_answers, wants_search
 from chunlian.engine.config import EngineConfig
 from chunlian.engine.core import CoreOutput, EngineCore
 from chunlian.engine.request import BeamHyp
@@ -22,9 +23,13 @@ from chunlian.engine.tiers import BEST
 from chunlian.errors import ChunlianError, InvalidInput, ModelError
 from chunlian.model.checkpoint import LoadedModel, load_weights
 from chunlian.model.styles import STYLES
-from chunlian.text import validate_upper
 from chunlian.types import BeamParams, CoupletRequest, CoupletResult, DecodeParams
-from chunlian.validation import MAX_CANDIDATES, validate_heads, validate_keyword
+from chunlian.validation import (
+    MAX_CANDIDATES,
+    validate_heads,
+    validate_keyword,
+    validate_user_upper,
+)
 
 # requests the in-process client keeps queued in the core, per row of capacity: enough for
 # every free row to be filled at each step, few enough that the scheduler's scans stay short
@@ -55,7 +60,7 @@ def couplet_request(
 ) -> CoupletRequest:
     """A validated request for a 下联 (raises ``InvalidInput`` naming the field)."""
     return CoupletRequest(
-        style=check_style(style), upper=validate_upper(upper),
+        style=check_style(style), upper=validate_user_upper(upper),
         params=DecodeParams(n=check_n(n), seed=seed), **kw,  # type: ignore[arg-type]
     )
 
@@ -185,9 +190,13 @@ class OfflineGenerator:
         """Results in input order; a request that fails yields its error, not an abort.
 
         With ``beam_width > 1``, greedy requests for a 下联 (no seed, ``n == 1``) are
-        answered by beam search; composed and sampled ones are decoded as usual.
+        answered by beam search, and composed ones in ``best`` or ``auto`` in two stages
+        (``engine.composed``: the 上联 searched with this generator's weights); sampled ones
+        are decoded as usual.
         """
         beam = self.beam_params()
+        if beam is not None and any(wants_search(r) for r in requests):  # composed, in the quality mode
+            return staged_answers(self.generate, requests, search_width(self.runner.capacity))
         todo = [replace(r, params=replace(r.params, beam=beam))
                 if beam is not None and r.upper is not None and r.params.greedy else r for r in requests]
         return [o.result if o.result is not None else o.error or ModelError("no answer") for o in self.run(todo)]

@@ -80,8 +80,10 @@ def converted_couplet(
     lower = traditional(lower_s, lower_keep)
     # the last Han characters: a typed final mark (text.FINAL_MARKS) may close both lines
     ping = tone_class(last_han(upper_s)) == "ze" and tone_class(last_han(lower_s)) == "ping"
-    if rules_hold(upper, lower, ping):
+    # a name's repeated character heads both lines (chunlian.names): the rules hold after it
+    cut = int(0 in lower_keep and lower_keep[0] == upper_keep.get(0))
+    if rules_hold(upper[cut:], lower[cut:], ping):
         return upper, lower
-    if typed_upper is None and rules_hold(upper_s, lower_s, ping):
+    if typed_upper is None and rules_hold(upper_s[cut:], lower_s[cut:], ping):
         return upper_s, lower_s
     return upper, lower_s

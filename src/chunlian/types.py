@@ -91,9 +91,11 @@ RequestIdentity = tuple[str | None, str | None, str | None, int | None, str, Dec
 class CoupletRequest:
     """One generation request: a 下联 for ``upper``, or (compose) a whole couplet.
 
-    Compose: ``heads`` (one or two characters opening the two lines, a name) or ``keyword``
-    (the 上联 begins with it), with ``length`` 5 or 7. Exactly one of upper/heads/keyword.
-    Text fields are already validated and normalised (``chunlian.text``).
+    Compose: ``heads`` (one or two characters opening the two lines: a name's, by
+    ``names.line_heads``) or ``keyword`` (the 上联 begins with it), with ``length`` 5 or 7.
+    Exactly one of upper/heads/keyword, except in the second stage of a composed couplet in
+    the quality modes (``engine.composed``): ``upper`` with the name's ``heads``, the second
+    of which heads the 下联. Text fields are already validated and normalised (``chunlian.text``).
     """
 
     style: str = "traditional"

@@ -12,8 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chunlian.data.blocklist import default_blocklist
+from chunlian.data.blocklist import default_blocklist, input_blocklist
 from chunlian.errors import InvalidInput
+from chunlian.names import line_heads
 from chunlian.script import simplified
 from chunlian.text import is_han, normalize, validate_upper
 from chunlian.types import CoupletRequest, DecodeParams, Priority, Quality
@@ -26,6 +27,7 @@ MIN_TIMEOUT_MS = 10  # a request's timeout_ms, and the service's default for it
 MAX_TIMEOUT_MS = 600_000
 MAX_RAW_TEXT = 1024  # characters before normalisation; the line rules apply after it
 MAX_SEED = 2**63 - 1
+MAX_NAME_CHARS = 4  # a full name, compound surname included (``names.line_heads``)
 
 
 def _han_only(raw: object, field: str, most: int) -> str:
@@ -38,20 +40,35 @@ def _han_only(raw: object, field: str, most: int) -> str:
         raise InvalidInput(f"{field} is too long: {len(text)} characters, at most {most}", field)
     if not all(is_han(ch) for ch in text):
         raise InvalidInput(f"{field} must be Chinese characters only", field)
-    # the list is in simplified characters; a name typed in traditional ones is checked as
-    # the model will write it (chunlian.script)
-    if default_blocklist().find(text) or default_blocklist().find(simplified(text)):
-        raise InvalidInput(f"{field} contains a term we do not write", field)
+    check_words(text, field)
     return text
 
 
+def check_words(text: str, field: str) -> None:
+    """A user's own words are answered unless they are vulgar or insulting; a keyword is
+    also written into the 上联 as it is, so it may hold no term generation never writes.
+    The list holds simplified and traditional forms; mixed scripts are checked simplified."""
+    bans = (input_blocklist(),) if field != "keyword" else (input_blocklist(), default_blocklist())
+    for bl in bans:
+        if bl.find(text) or bl.find(simplified(text)):
+            what = "a vulgar or insulting term" if bl is bans[0] else "a term we never write"
+            raise InvalidInput(f"{field} contains {what}", field)
+
+
+def validate_user_upper(raw: object) -> str:
+    """A user's 上联: the line rules (``text.validate_upper``), then the input word check."""
+    upper = validate_upper(raw, "upper")
+    check_words(upper, "upper")
+    return upper
+
+
 def validate_heads(raw: object) -> str:
-    """One or two distinct head characters for a 藏头 couplet (a name)."""
-    heads = _han_only(raw, "heads", 2)
-    if len(heads) == 2 and simplified(heads[0]) == simplified(heads[1]):  # 後 / 后: one character
-        # the 下联 may not repeat a character of the 上联
-        raise InvalidInput("heads must be two different characters", "heads")
-    return heads
+    """A name of 1-4 characters for a 藏头 couplet, as the characters that head its two lines
+    (``names.line_heads``: a full name's given name; 丹丹 heads both lines with 丹). The
+    whole name is checked for vulgar or insulting terms (``check_words``), as typed and
+    simplified."""
+    name = _han_only(raw, "heads", MAX_NAME_CHARS)
+    return line_heads(name)
 
 
 def validate_keyword(raw: object, length: int) -> str:
@@ -81,8 +98,9 @@ class _Decoding(BaseModel):
     quality: Quality = Field(
         "auto", description="best: the quality mode's search, at whatever latency the load allows (429 when "
         "its deadline cannot be met); fast: greedy decoding; auto: best while the service has headroom, "
-        "stepping down under load. The answer's `served` says which mode wrote it. A 下联 only: a composed "
-        "couplet, a seed or regenerate is written fast.",
+        "stepping down under load. The answer's `served` says which mode wrote it. A composed couplet in best or "
+        "auto: its 上联 searched under its name or keyword, then answered in that mode. A seed or regenerate "
+        "is written fast.",
     )
 
     def _params(self) -> DecodeParams:
@@ -106,7 +124,7 @@ class CoupletIn(_Decoding):
     def to_request(self, priority: Priority = "interactive") -> CoupletRequest:
         """The engine request; raises ``InvalidInput`` when the text breaks the line rules."""
         return CoupletRequest(
-            style=self.style, upper=validate_upper(self.upper, "upper"), params=self._params(),
+            style=self.style, upper=validate_user_upper(self.upper), params=self._params(),
             priority=priority, timeout_s=self._timeout_s(), quality=self.quality,
         )
 
@@ -115,7 +133,7 @@ class ComposeIn(_Decoding):
     """Write a whole couplet from a name (藏头: ``heads``) or a ``keyword`` the 上联 opens with."""
 
     heads: str | None = Field(
-        None, max_length=MAX_RAW_TEXT, description="1-2 Chinese characters heading the two lines (a traditional name gets a traditional couplet).",
+        None, max_length=MAX_RAW_TEXT, description="A name of 1-4 Chinese characters, heading the two lines: a 2-character name heads them in order (王伟: 王… / 伟…); of a 3- or 4-character full name, the given name heads them and the surname is not written (王秀英: 秀… / 英…); a repeated character heads both (丹丹: 丹… / 丹…). A traditional name gets a traditional couplet.",
         examples=["李明"],
     )
     keyword: str | None = Field(

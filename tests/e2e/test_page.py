@@ -209,7 +209,7 @@ def test_write_a_couplet_regenerate_save_and_errors(
     assert s.api_bodies[-1] == {
         "upper": UPPER,
         "style": "traditional",
-        "n": 1,
+        "n": 4,
         "seed": None,
         "regenerate": False,
     }
@@ -243,22 +243,26 @@ def test_write_a_couplet_regenerate_save_and_errors(
     shot = s.snap(tmp_path / "couplet-desktop.png", copy_to=out_dir / "couplet-desktop.png")
     assert png_size(shot.read_bytes())[0] >= 1280
 
-    # 换一副: fresh seed each time; a sample can coincide with the last one, so try up to 5 times.
-    first = (lower, hengpi)
-    changed = False
-    for _ in range(5):
+    # 换一副: the next couplet of the same answer (4 asked for), with no second request, never
+    # one shown before; a new draw (regenerate, a fresh seed) only once they are used up.
+    sent = len(s.api_bodies)
+    seen = [lower]
+    while len(s.api_bodies) == sent and len(seen) <= 4:
         s.generate("#regenerate")
-        body = s.api_bodies[-1]
-        assert body["regenerate"] is True and isinstance(body["seed"], int), body
-        assert body["upper"] == UPPER
-        u2, l2, h2 = s.couplet()
+        u2, l2, _ = s.couplet()
         assert u2 == UPPER and len(han(l2)) == 7
-        if (l2, h2) != first:
-            changed = True
-            break
-    assert changed, f"regenerate never changed the couplet {first} in 5 tries"
+        if len(s.api_bodies) == sent:
+            assert l2 not in seen, f"换一副 showed {l2} again: {seen}"
+            seen.append(l2)
+    assert len(seen) >= 2, f"换一副 drew again at once: the answer held one couplet ({seen})"
+    assert len(s.api_bodies) == sent + 1, f"4 candidates, yet {len(seen)} shown without a request"
+    body = s.api_bodies[-1]
+    assert body["regenerate"] is True and isinstance(body["seed"], int) and body["n"] == 4, body
+    assert body["upper"] == UPPER
+    for _ in range(4):  # the draw's couplets in turn, then another draw with another seed
+        s.generate("#regenerate")
     seeds = [b["seed"] for b in s.api_bodies if b.get("regenerate")]
-    assert len(set(seeds)) == len(seeds), f"seeds repeat: {seeds}"
+    assert len(seeds) >= 2 and len(set(seeds)) == len(seeds), f"seeds repeat: {seeds}"
 
     # 保存图片: a PNG drawn on a canvas is downloaded.
     with page.expect_download() as dl_info:
@@ -320,7 +324,7 @@ def test_cangtou_from_a_name(
     page.fill("#name-input", "李明")
     page.select_option("#style-select", "family")
     s.generate("#submit")
-    assert s.api_bodies[-1] == {"heads": "李明", "length": 7, "style": "family"}
+    assert s.api_bodies[-1] == {"heads": "李明", "length": 7, "style": "family", "n": 4}
     upper, lower, hengpi = s.couplet()
     assert upper.startswith("李") and lower.startswith("明"), (upper, lower)
     assert len(han(upper)) == 7 and len(han(lower)) == 7, (upper, lower)
@@ -336,17 +340,33 @@ def test_cangtou_from_a_name(
     upper, lower, _ = s.couplet()
     assert len(han(upper)) == 5 and len(han(lower)) == 5, (upper, lower)
     assert upper[0] == "李" and lower[0] == "明"
-    s.generate("#regenerate")
+    sent = len(s.api_bodies)
+    shown = {(upper, lower)}
+    for _ in range(5):  # 4 candidates in turn, then a new draw
+        s.generate("#regenerate")
+        upper, lower, _ = s.couplet()
+        assert upper[0] == "李" and lower[0] == "明"
+        if len(s.api_bodies) == sent:
+            assert (upper, lower) not in shown
+            shown.add((upper, lower))
     body = s.api_bodies[-1]
     assert body["heads"] == "李明" and body["regenerate"] is True and isinstance(body["seed"], int)
-    upper, lower, _ = s.couplet()
-    assert upper[0] == "李" and lower[0] == "明"
+    assert sent < len(s.api_bodies) <= sent + 2  # a draw; two when the answer held fewer than 4
+
+    # A full name: its given name heads the lines; a repeated character heads both.
+    page.check("input[name='length'][value='7']")
+    for name, (a, b) in (("王秀英", "秀英"), ("李丹丹", "丹丹")):
+        page.fill("#name-input", name)
+        s.generate("#submit")
+        upper, lower, _ = s.couplet()
+        assert upper[0] == a and lower[0] == b and len(han(upper)) == 7, (name, upper, lower)
+        assert s.api_bodies[-1]["heads"] == name
 
     # A name that is too long gets a plain explanation.
-    page.fill("#name-input", "欧阳小明")
+    page.fill("#name-input", "欧阳小明明")
     s.click_and_settle("#submit")
     msg = s.text("#error")
-    assert "名字" in msg and "2" in msg, msg
+    assert "名字" in msg and "4" in msg, msg
     s.assert_clean()
 
 

@@ -59,9 +59,8 @@ def test_in_process_job_completes_via_the_api(live: LiveServer) -> None:
     assert res[60]["upper"][0] == "李" and res[60]["lower"][0] == "明" and len(res[60]["upper"]) == 5
     assert res[61]["upper"].startswith("新春")
     # a job is best by default: its 上联 items are searched (width 8 while interactive work
-    # runs beside them), its compose items are written fast
-    assert {r["served"] for r in res[:60]} <= {"best", "good"} and "best" in {r["served"] for r in res[:60]}
-    assert res[60]["served"] == res[61]["served"] == "fast"
+    # runs beside them), and so are its compose items (two stages: engine.composed)
+    assert {r["served"] for r in res} <= {"best", "good"} and "best" in {r["served"] for r in res[:60]}
 
 
 def test_cli_submit_wait_writes_results(live: LiveServer, tmp_path: Path) -> None:

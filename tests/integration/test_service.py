@@ -23,6 +23,7 @@ import pytest
 from chunlian.config import load_settings
 from chunlian.engine.config import EngineConfig
 from chunlian.engine.engine import Engine
+from chunlian.names import banned_after_head
 from chunlian.text import is_han
 from tests.integration.live_server import LiveServer, free_socket, model_path
 from tests.unit.test_api_metrics import sample
@@ -76,13 +77,14 @@ def client(live: tuple[LiveServer, dict[str, httpx.Response]]) -> Iterator[httpx
         yield c
 
 
-def check_couplet(body: dict, upper: str | None = None) -> None:
+def check_couplet(body: dict, upper: str | None = None, shared: str = "") -> None:
+    """``shared``: the one character both lines may hold (a name's repeated character)."""
     assert {"upper", "lower", "hengpi", "style", "cached", "model"} <= set(body)
     if upper is not None:
         assert body["upper"] == upper
     assert len(body["lower"]) == len(body["upper"])
     assert all(is_han(ch) for ch in body["lower"])
-    assert not set(body["upper"]) & set(body["lower"])  # no 上联 character reused
+    assert set(body["upper"]) & set(body["lower"]) <= set(shared)  # no 上联 character reused
     assert body["hengpi"] and all(is_han(ch) for ch in body["hengpi"])
     assert re.fullmatch(r"chunlian-couplet@\S+", body["model"])
 
@@ -124,9 +126,10 @@ def test_a_typed_dash_is_mirrored_in_the_lower_line(client: httpx.Client) -> Non
 
 
 def test_warmup_entries_are_cached_before_ready(client: httpx.Client) -> None:
-    assert client.post("/v1/couplets", json={"upper": "春回大地千山秀"}).json()["cached"] is True
+    # warmed as the campaign page asks: n = 4 (``api.warmup.PAGE_CANDIDATES``)
+    assert client.post("/v1/couplets", json={"upper": "春回大地千山秀", "n": 4}).json()["cached"] is True
     for length in (5, 7):
-        body = client.post("/v1/couplets/compose", json={"keyword": "新春", "length": length}).json()
+        body = client.post("/v1/couplets/compose", json={"keyword": "新春", "length": length, "n": 4}).json()
         assert body["cached"] is True and body["upper"].startswith("新春") and len(body["upper"]) == length
 
 
@@ -167,6 +170,32 @@ def test_compose_heads_and_keyword(client: httpx.Client) -> None:
     body = client.post("/v1/couplets/compose", json={"keyword": "平安", "length": 7, "style": "family"}).json()
     check_couplet(body)
     assert body["upper"].startswith("平安") and body["style"] == "family"
+
+
+@pytest.mark.parametrize(("name", "heads"), [("王秀英", "秀英"), ("李丹丹", "丹丹"), ("晶晶", "晶晶"), ("胡军", "胡军")])
+def test_compose_names_in_each_quality_on_the_real_engine(client: httpx.Client, name: str, heads: str) -> None:
+    answers = {}
+    for q in ("fast", "best"):
+        body = client.post("/v1/couplets/compose", json={"heads": name, "quality": q}).json()
+        check_couplet(body, shared=heads[0] if heads[0] == heads[1] else "")
+        assert body["served"] == q and not body["cached"], body
+        assert body["upper"][0] == heads[0] and body["lower"][0] == heads[1], body
+        shared = set(body["upper"]) & set(body["lower"])
+        assert shared == ({heads[0]} if heads[0] == heads[1] else set()), body
+        assert body["upper"][1] not in banned_after_head(heads[0]) and body["lower"][1] not in banned_after_head(heads[1])
+        answers[q] = body
+    again = client.post("/v1/couplets/compose", json={"heads": name, "quality": "auto"}).json()
+    assert again["cached"] and again["served"] == "best" and again["lower"] == answers["best"]["lower"]
+    several = client.post("/v1/couplets/compose", json={"heads": name, "quality": "best", "n": 4}).json()
+    pairs = [(c["upper"], c["lower"]) for c in several["candidates"]]
+    assert several["served"] == "best" and len(pairs) == len(set(pairs)) >= 2, several
+    assert all(u[0] == heads[0] and lo[0] == heads[1] for u, lo in pairs)
+
+
+def test_compose_refuses_a_vulgar_name_naming_the_field(client: httpx.Client) -> None:
+    for q in ("best", "fast"):
+        assert_error(client.post("/v1/couplets/compose", json={"heads": "王傻逼", "quality": q}),
+                     422, "invalid_input", "heads")
 
 
 def test_batch_mixed_items(client: httpx.Client) -> None:

@@ -89,6 +89,8 @@ class FakeEngine:
             head = req.heads[0] if req.heads else (req.keyword or "")
             upper = (head + "春" * length)[:length]
         lower = "".join(_han(ord(ch) + salt) for ch in upper)
+        if req.heads and len(req.heads) > 1:  # the name's second head opens the 下联
+            lower = req.heads[1] + lower[1:]
         return Couplet(upper=upper, lower=lower, hengpi="万象更新", style=req.style)
 
 

@@ -50,14 +50,6 @@ async def test_best_refuses_sampling_with_a_clear_422(extra: dict[str, object]) 
         assert ok.status_code == 200 and ok.json()["served"] == "fast"  # a seed samples: fast
 
 
-async def test_compose_takes_quality_and_is_written_fast() -> None:
-    async with running_app() as h:
-        for q in ("best", "auto", "fast"):
-            r = await h.client.post("/v1/couplets/compose", json={"heads": "李明", "quality": q})
-            assert r.status_code == 200, r.text
-            assert r.json()["served"] == "fast"
-
-
 async def test_a_cached_fast_answer_never_answers_best() -> None:
     async with running_app() as h:
         fast = await h.client.post("/v1/couplets", json={"upper": UPPER, "quality": "fast"})

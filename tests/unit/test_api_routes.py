@@ -83,11 +83,11 @@ async def test_compose_heads_and_keyword() -> None:
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["style"] == "family" and len(body["upper"]) == 5 and body["upper"][0] == "李"
-        req = h.engine.calls[-1]
+        req = h.engine.calls[-2]  # the 上联's search (``engine.composed``), then its 下联
         assert (req.heads, req.length, req.keyword, req.upper) == ("李明", 5, None, None)
         r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春"})
         assert r.status_code == 200
-        req = h.engine.calls[-1]
+        req = h.engine.calls[-2]
         assert (req.keyword, req.length) == ("新春", 7)
         again = await h.client.post("/v1/couplets/compose", json={"keyword": "新春", "length": 7})
         assert again.json()["cached"] is True
@@ -190,7 +190,7 @@ BAD_COMPOSE = [
     ({}, "heads"),
     ({"heads": "李明", "keyword": "新春"}, "keyword"),
     ({"heads": ""}, "heads"),
-    ({"heads": "李小明"}, "heads"),
+    ({"heads": "欧阳小明明"}, "heads"),
     ({"heads": "Li"}, "heads"),
     ({"heads": "李，"}, "heads"),
     ({"keyword": ""}, "keyword"),
@@ -337,13 +337,16 @@ async def test_not_ready_until_warm_then_ready() -> None:
 async def test_warmup_runs_before_ready_and_fills_the_cache() -> None:
     engine = FakeEngine()
     async with running_app(engine, warmup="新春,春回大地千山秀") as h:
-        kinds = sorted((r.keyword or r.upper or "", r.length or 0) for r in engine.calls)
-        assert kinds == [("新春", 5), ("新春", 7), ("春回大地千山秀", 0)]
-        r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春", "length": 5})
+        # composed in two stages (``engine.composed``): their 上联 searches, then 下联 requests
+        kinds = sorted((r.keyword or r.upper or "", r.length or 0) for r in engine.calls if r.upper is None)
+        assert kinds == [("新春", 5), ("新春", 7)]
+        assert sum(r.upper == "春回大地千山秀" for r in engine.calls) == 1
+        # warmed as the page asks: n = 4 (``api.warmup.PAGE_CANDIDATES``)
+        r = await h.client.post("/v1/couplets/compose", json={"keyword": "新春", "length": 5, "n": 4})
         assert r.json()["cached"] is True
-        r = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})
+        r = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀", "n": 4})
         assert r.json()["cached"] is True
-        assert len(engine.calls) == 3
+        assert len(engine.calls) == 5  # the warm-up's alone: two composed (two stages each), one 下联
 
 
 async def test_batch_answers_each_item_on_its_own() -> None:
@@ -437,7 +440,10 @@ def test_fast_path_takes_only_plain_valid_requests() -> None:
     assert dashed is not None and dashed.to_request().upper == "山药出格九万斤——真大"
     # the text rules are the shared handler's (routes.couplet_reply): the fast path takes these
     assert plain_body(b'{"upper": "hello"}') is not None
-    for body in ['{"upper": "春回大地", "n": 2}', '{"upper": "春回大地", "regenerate": true}',
+    # the campaign page's body: 4 candidates (its 换一副 shows them in turn)
+    page = plain_body('{"upper": "春回大地", "style": "traditional", "n": 4, "seed": null, "regenerate": false}'.encode())
+    assert page is not None and page.to_request().params.n == 4
+    for body in ['{"upper": "春回大地", "n": 9}', '{"upper": "春回大地", "regenerate": true}',
                  '{"upper": "春回大地", "n": true}', '{"upper": "春回大地", "seed": -1}',
                  '{"upper": "春回大地", "style": "nope"}', '{"upper": 3}',
                  '{"upper": "春回大地", "timeout_ms": 5}', '{"upper": "春回大地", "extra": 1}',
@@ -457,9 +463,10 @@ PARITY_BODIES: list[object] = [
     {"upper": "生意兴隆通四海"},  # past its deadline: 504
     {"upper": 3},  # a bad shape: the router's own 422, for both
     {"upper": "春回大地", "extra": 1},  # an unusual field: the router, for both
-    {"upper": "春回大地千山秀", "n": 2},  # not plain: the router, for both
+    {"upper": "春回大地千山秀", "n": 4},  # the campaign page's n: the fast path too
+    {"upper": "春回大地千山秀", "n": True},  # not plain: the router, for both
 ]
-ROUTER_ONLY = {9, 10, 11}  # the indexes the fast path hands on
+ROUTER_ONLY = {9, 10, 12}  # the indexes the fast path hands on
 
 
 def _engine_failing() -> FakeEngine:

@@ -192,3 +192,5 @@ def test_campaign_inputs() -> None:
     kinds = [k for k, _ in inputs]
     assert kinds.count("name") == 200 and kinds.count("line") >= 150 and kinds.count("keyword") >= 30
     assert br.load_inputs(3, ("name",), limit=2) == [("name", "张伟"), ("name", "王伟")]
+    held_out = br.load_inputs(400, ("name",), skip_names=200)
+    assert len(held_out) == 200 and not {t for _, t in held_out} & {t for _, t in inputs}

@@ -9,6 +9,7 @@ import pytest
 
 from chunlian.data.blocklist import Blocklist
 from chunlian.data.corpus import (
+    PINNED_SIZE,
     SOURCES,
     CleanStats,
     Pair,
@@ -16,8 +17,10 @@ from chunlian.data.corpus import (
     ValSplit,
     clean,
     drop_reason,
+    pair_hash,
     prepare,
     read_pairs,
+    read_pins,
     split,
 )
 
@@ -166,8 +169,6 @@ def test_split_is_fixed_by_the_seed() -> None:
 def test_prepare_writes_disjoint_splits_and_stats(tmp_path: Path) -> None:
     data = tmp_path / "data"
     (data / "couplets").mkdir(parents=True)
-    (data / "safety").mkdir()
-    (data / "safety" / "blocklist.txt").write_text("赌场\n", encoding="utf-8")
     rows = ["upper\tlower\tsource"]
     rows += [f"{p.upper}\t{p.lower}\tsynthetic" for p in _modern_pairs()]
     rows += ["春来赌场开\t花开喜临门\tsynthetic", "长长长\t短短\tsynthetic"]
@@ -176,7 +177,7 @@ def test_prepare_writes_disjoint_splits_and_stats(tmp_path: Path) -> None:
     wb += ["赌场开门迎客\t花开喜临门庭", "春来，福\t花开，喜"]  # blocklisted; too short
     (data / "couplets" / "wb14123_train.tsv").write_text("\n".join(wb) + "\n", encoding="utf-8")
     out = tmp_path / "out"
-    stats = prepare(data, out, val_size=10)
+    stats = prepare(data, out, val_size=10, blocklist=Blocklist({"赌场"}))
     train = read_pairs(out / "train.tsv")
     val, val_wb = read_pairs(out / "val.tsv"), read_pairs(out / "val_wb14123.tsv")
     assert len(val) == len(val_wb) == 10
@@ -200,3 +201,24 @@ def test_prepare_writes_disjoint_splits_and_stats(tmp_path: Path) -> None:
 def test_prepare_names_a_wrong_data_dir(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="modern.tsv"):
         prepare(tmp_path, tmp_path / "out")
+
+
+def test_pinned_splits_hold_their_pairs_whatever_else_the_pool_holds() -> None:
+    by_source = {"modern": _modern_pairs(), "other": _other_pairs()}
+    _, carved = split(by_source, CleanStats(), 20, _splits())
+    pins = {f: [pair_hash(p) for p in v] for f, v in carved.items()}
+    # pairs a looser filter lets through: a new pool, and one that shares a pinned 上联
+    shared = Pair(carved["val.tsv"][0].upper, "另有下联在此", "modern", "modern")
+    extra = [Pair(f"新来{i}号联", f"又到{i}号门", "modern", "modern") for i in range(30)]
+    grown = {"modern": extra + by_source["modern"] + [shared], "other": by_source["other"]}
+    stats = CleanStats()
+    train, vals = split(grown, stats, 20, _splits(), pins)
+    assert vals == carved
+    assert shared not in train and stats.dropped["modern:overlaps_validation"] >= 1
+    with pytest.raises(ValueError, match="pinned validation pairs"):
+        split({"modern": extra, "other": by_source["other"]}, CleanStats(), 20, _splits(), pins)
+
+
+def test_the_shipped_pins_are_two_splits_of_two_thousand() -> None:
+    pins = read_pins()
+    assert {f: len(h) for f, h in pins.items()} == {"val.tsv": PINNED_SIZE, "val_wb14123.tsv": PINNED_SIZE}

@@ -53,7 +53,7 @@ def test_the_items_the_quality_mode_can_answer_are_marked_for_it() -> None:
     items = [{"upper": "春回大地千山秀"}, {"upper": "生意兴隆通四海", "style": "business"}, {"heads": "李明"},
              {"keyword": "新春"}, {"upper": "春回大地千山秀", "n": 3}, {"upper": "天增岁月人增寿", "seed": 7}]
     specs = validate_items(items)  # the default: best
-    assert [s.get("quality") for s in specs] == [True, True, None, None, None, None]
+    assert [s.get("quality") for s in specs] == [True, True, True, True, None, None]  # composed: two stages
     assert specs[1]["style"] == "business"
     assert not any("quality" in s for s in validate_items(items, quality=False))
     with pytest.raises(InvalidInput) as e:  # the item's own rules still come first
@@ -122,7 +122,7 @@ async def test_an_embedded_job_asks_the_engine_for_best_at_bulk_priority_and_say
             assert r.status_code == 202, r.text
             await wait_finished(h.client, r.json()["job_id"])
             res = (await h.client.get(f"/v1/jobs/{r.json()['job_id']}")).json()["results"]
-            assert [x["served"] for x in res] == [first, "fast", "fast"], quality
+            assert [x["served"] for x in res] == [first, first, "fast"], quality  # a name: composed in best
             assert {c.priority for c in h.engine.calls} <= {"bulk"}
         bad = await h.client.post("/v1/jobs", json={"items": [{"upper": UPPERS[0]}], "quality": "yes"})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "quality"

@@ -471,7 +471,7 @@ def test_the_cached_prompt_prefix_equals_computing_it_with_the_prompt() -> None:
     (["generate", "春回大地", "--rescore", "x.safetensors"], "beam width"),
     (["generate", "春回大地", "--beam", "4", "--rescore", "x.safetensors", "--rescore-weight", "-1"], "rescore weight"),
     (["generate", "   "], "upper"),
-    (["compose", "--heads", "李明王"], "heads"),
+    (["compose", "--heads", "欧阳小明明"], "heads"),
     (["compose", "--heads", "ab"], "heads"),
     (["compose", "--keyword", "新春", "--length", "6"], "length"),
 ])

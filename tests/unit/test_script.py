@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from chunlian.errors import InvalidInput
 from chunlian.offline import OfflineGenerator
 from chunlian.script import converted_couplet, is_traditional, rules_hold, simplified, traditional
 from chunlian.types import CoupletRequest, DecodeParams
@@ -33,10 +32,11 @@ def test_a_repeat_stays_a_repeat_and_a_broken_rule_falls_back() -> None:
     assert (upper, lower) == ("頭髮乾", "干杯酒")  # 乾 typed, 乾杯 converted: would share it
 
 
-def test_heads_that_are_one_character_in_simplified_are_refused() -> None:
-    with pytest.raises(InvalidInput, match="two different"):
-        validate_heads("後后")
+def test_heads_that_are_one_character_in_simplified_head_both_lines() -> None:
+    # one character typed in two scripts is a repeated character: it heads both lines
+    assert validate_heads("後后") == "後后"
     assert validate_heads("陳明") == "陳明"
+    assert validate_heads("陳秀英") == "秀英"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from chunlian.engine.request import SeqSpec
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ConfigError
 from chunlian.model.checkpoint import LoadedModel, load_weights
-from chunlian.model.zodiac import animal, campaign_year, off_year_terms, with_zodiac
+from chunlian.model.zodiac import animal, campaign_year, composed_terms, off_year_terms, with_zodiac
 from tests.unit.runner_util import run_all
 
 # lines of the validation splits whose greedy 下联 names another year without the rule
@@ -107,3 +107,10 @@ def test_one_blocklist_object_per_year() -> None:
     # workers that ask again get the same one
     assert with_zodiac(default_blocklist(), 2027) is with_zodiac(default_blocklist(), 2027)
     assert with_zodiac(default_blocklist(), 2027) is not with_zodiac(default_blocklist(), 2028)
+
+
+def test_a_composed_couplet_names_the_year_by_its_own_animal_only() -> None:
+    terms = composed_terms(2027)
+    assert {"马岁", "马年", "金马", "马迎春", "玉兔", "大圣", "猴日", "犬迎春"} <= terms
+    assert not any("羊" in t for t in terms)
+    assert with_zodiac(default_blocklist(), 2027).zodiac_year == 2027

@@ -5,7 +5,7 @@ web framework's: routing, dependency solving, pydantic and the response class ar
 share of a hit's CPU time (``docs/performance.md``). ``PlainCoupletFastPath`` (pure ASGI, inside ``ServiceMiddleware``, so
 request ids, size limits, metrics and the access log still apply) reads the body, and when
 its shape is a plain, valid one (the fields of ``CoupletIn`` with their exact types, no
-``regenerate``, ``n`` = 1) answers it itself, without the framework: with the route's own
+``regenerate``; any ``n``: the campaign page asks for 4) answers it itself, without the framework: with the route's own
 handler, ``routes.couplet_reply`` (text rules, cache, generation, disconnect watch), and
 the route's own error responses, ``errors.chunlian_error_logged`` (under overload most
 answers are 429s, and they must stay cheap too). Anything else -- a body that does not
@@ -35,8 +35,8 @@ _FIELDS = frozenset(CoupletIn.model_fields)
 
 def plain_body(body: bytes) -> CoupletIn | None:
     """``body`` parsed, when its shape is a plain valid request (the route's own schema, no
-    unknown field, no ``regenerate``, ``n`` = 1); None sends it the long way, which also
-    answers every error of shape."""
+    unknown field, no ``regenerate``); None sends it the long way, which also answers every
+    error of shape."""
     try:
         data = json.loads(body)
     except (ValueError, RecursionError):  # the route answers 422 for these
@@ -47,7 +47,7 @@ def plain_body(body: bytes) -> CoupletIn | None:
         parsed = CoupletIn.model_validate(data)
     except ValidationError:
         return None
-    return None if parsed.regenerate or parsed.n != 1 else parsed
+    return None if parsed.regenerate else parsed
 
 
 def _json_content(scope: Scope) -> bool:

@@ -4,7 +4,7 @@
   ``/v1/couplets/compose`` bodies) → ``202 {"job_id", "status", "total"}``; every item is
   validated first, the first bad one makes it a 422 naming it (``items.7.upper``).
   ``"quality"`` is ``best`` by default (``true`` and ``auto`` say the same): the items the
-  quality mode can answer (上联 items with n = 1 and no seed) are searched (``jobs.quality``),
+  quality mode can answer (上联 and composed items with n = 1 and no seed) are searched (``jobs.quality``),
   the others written fast; ``fast`` (or ``false``) writes every item fast.
 * ``GET /v1/jobs/{id}?offset=0&limit=100`` → status, progress and one page of results
   (an entry per item index: done with its couplet, failed with its error, cancelled, or
@@ -61,8 +61,8 @@ class JobIn(BaseModel):
         ]}},
     )
     quality: Quality = Field(
-        "best", description="best (the default; `true` too): every /v1/couplets item with n = 1 and no "
-        "seed is answered by the quality mode's search, at bulk priority; the others are written fast. "
+        "best", description="best (the default; `true` too): every item with n = 1 and no seed (a 上联, "
+        "or a composed couplet in two stages) is answered by the quality mode's search, at bulk priority; the others are written fast. "
         "fast (`false`): greedy decoding for every item. auto: as best (bulk work is paced by the bulk "
         "share, not by a deadline). Each result says which mode `served` it.",
         json_schema_extra={"anyOf": [{"enum": ["auto", "best", "fast"], "type": "string"}, {"type": "boolean"}]},

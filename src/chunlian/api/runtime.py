@@ -25,6 +25,7 @@ from chunlian.api.warmup import warm_local
 from chunlian.cache import RedisStore, ResultCache, build_cache
 from chunlian.config import Settings
 from chunlian.engine.client import EngineClient
+from chunlian.engine.composed import search_width
 
 log = logging.getLogger("chunlian.api")
 
@@ -40,6 +41,14 @@ def _build_engine(settings: Settings) -> EngineClient:
     from chunlian.engine.engine import Engine
 
     return Engine.from_config(config)
+
+
+def _composed_width(settings: Settings) -> int:
+    """The width of a composed 上联's search (``engine.composed``) on the engine ``settings``
+    build: at most each replica's rows; 0 without the quality modes."""
+    if settings.beam_rows <= 0:
+        return 0
+    return search_width(settings.max_batch_size // settings.resolved_engine_replicas())
 
 
 class Runtime:
@@ -95,7 +104,8 @@ class Runtime:
         self.metrics.bind_engine(engine, self.settings.resolved_device())
         engine.add_step_listener(self.metrics.on_step)
         self.service = CoupletService(engine, self.cache, self.settings.default_timeout_ms / 1000.0,
-                                      self.settings.rules_tag, on_answer=self.metrics.on_answer)
+                                      self.settings.rules_tag, on_answer=self.metrics.on_answer,
+                                      composed_width=_composed_width(self.settings))
 
     def start_background(self) -> None:
         """Run ``bring_up`` as a task; readiness follows it."""

@@ -29,6 +29,7 @@ from typing import Any
 from chunlian.cache import ResultCache, cache_key
 from chunlian.config import EngineSettings
 from chunlian.engine.client import EngineClient
+from chunlian.engine.composed import generate_composed, wants_search
 from chunlian.errors import Cancelled, DeadlineExceeded
 from chunlian.types import CoupletRequest, CoupletResult, Quality, Served
 
@@ -53,8 +54,12 @@ class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
     def __init__(self, engine: EngineClient, cache: ResultCache, default_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 rules_tag: str = "", on_answer: AnswerHook | None = None) -> None:
+                 rules_tag: str = "", on_answer: AnswerHook | None = None, composed_width: int = 0) -> None:
         self.engine = engine
+        # > 0: the engine has the quality modes, and composed couplets in best or auto are
+        # written in two stages, the 上联 searched at this width (``engine.composed``)
+        self.composed_width = composed_width
+        self.searches = composed_width > 0
         self.on_answer = on_answer
         self.cache = cache
         self.default_timeout_s = default_timeout_s
@@ -70,7 +75,16 @@ class CoupletService:
 
     def _served_keys(self, req: CoupletRequest) -> tuple[Served, ...]:
         """The modes whose cached answers ``req`` accepts (a sampled one: its own, fast)."""
-        return LOOKUP[req.quality] if req.searchable else ("fast",)
+        unseeded_composed = self.searches and req.upper is None and req.params.seed is None
+        return LOOKUP[req.quality] if req.searchable or unseeded_composed else ("fast",)
+
+    def _composed(self, req: CoupletRequest) -> bool:
+        """Whether ``req`` is a composed couplet for the quality modes (``engine.composed``).
+        Not an ``auto`` one while requests wait for the engine: its 上联 search would take
+        main rows from them, and ``auto`` steps down under load (one greedy sequence)."""
+        if not (self.searches and wants_search(req)):
+            return False
+        return req.quality != "auto" or self.engine.stats.queue_depth == 0
 
     def count(self, answer: Answer) -> Answer:
         """Report ``answer`` to the metrics hook; returns it."""
@@ -130,7 +144,10 @@ class CoupletService:
         if regenerate:
             fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
             return await self.engine.generate(fresh)
-        result = await self.engine.generate(req)
+        if self._composed(req):
+            result = await generate_composed(self.engine.generate, req, self.composed_width)
+        else:
+            result = await self.engine.generate(req)
         await self.cache.put(self._key(req, result.served), result)
         return result
 

@@ -1,8 +1,13 @@
 """Warm-up: generate and cache the hot requests before (or while) traffic comes.
 
 An entry of 1-4 Chinese characters is a keyword: it is composed (traditional style) at
-both line lengths, 7 and 5. A longer entry is a 上联. Bad entries are skipped with a log
-line, never fatal.
+both line lengths, 7 and 5. An entry ``name:王秀英`` is a name: composed as a 藏头 couplet at
+the page's default length (7) and style, in the best mode. A longer entry is a 上联. Bad
+entries are skipped with a log line, never fatal.
+
+Every entry is warmed as the campaign page asks for it: ``n`` = ``PAGE_CANDIDATES``
+couplets (its 换一副 shows them in turn), so a page request is a cache hit; a request with
+another ``n`` is another key.
 
 * ``warm_local`` runs at start-up through the service's own cache-and-engine path;
   readiness waits for it.
@@ -34,23 +39,28 @@ log = logging.getLogger("chunlian.warmup")
 KEYWORD_MAX = 4
 KEYWORD_LENGTHS = (7, 5)
 WARMUP_STYLE = "traditional"
+NAME_PREFIX = "name:"  # an entry that is a name (藏头), not a keyword
+NAME_LENGTH = 7  # the page's default line length
+PAGE_CANDIDATES = 4  # the campaign page's n (``api/web/app.js``: CANDIDATES)
 
 
 def warmup_bodies(entries: Iterable[str]) -> list[dict[str, Any]]:
-    """The API request bodies for ``entries`` (keywords composed at both lengths; 上联 in
-    the best mode, so the hottest lines are best-quality cache hits for every request)."""
+    """The API request bodies for ``entries`` (keywords composed at both lengths; names and
+    上联 in the best mode, so the hottest ones are best-quality cache hits for every request
+    of the page's ``n``)."""
     bodies: list[dict[str, Any]] = []
+    page = {"style": WARMUP_STYLE, "n": PAGE_CANDIDATES}
     for raw in entries:
         text = normalize(raw)
-        if not text:
+        if raw.strip().startswith(NAME_PREFIX):
+            name = normalize(raw.strip()[len(NAME_PREFIX):])
+            bodies.append({"heads": name, "length": NAME_LENGTH, **page, "quality": "best"})
+        elif not text:
             continue
-        if len(text) <= KEYWORD_MAX and han_count(text) == len(text):
-            bodies.extend(
-                {"keyword": text, "length": n, "style": WARMUP_STYLE}
-                for n in KEYWORD_LENGTHS if len(text) < n
-            )
+        elif len(text) <= KEYWORD_MAX and han_count(text) == len(text):
+            bodies.extend({"keyword": text, "length": n, **page} for n in KEYWORD_LENGTHS if len(text) < n)
         else:
-            bodies.append({"upper": text, "style": WARMUP_STYLE, "quality": "best"})
+            bodies.append({"upper": text, **page, "quality": "best"})
     return bodies
 
 
@@ -59,10 +69,10 @@ def warmup_requests(entries: Iterable[str]) -> list[CoupletRequest]:
     out: list[CoupletRequest] = []
     for body in warmup_bodies(entries):
         try:
-            model = ComposeIn.model_validate(body) if "keyword" in body else CoupletIn.model_validate(body)
+            model = CoupletIn.model_validate(body) if "upper" in body else ComposeIn.model_validate(body)
             out.append(model.to_request())
         except (InvalidInput, ValueError) as e:
-            log.warning("skipping warm-up entry %r: %s", body.get("upper") or body.get("keyword"), e)
+            log.warning("skipping warm-up entry %r: %s", body.get("upper") or body.get("keyword") or body.get("heads"), e)
     return out
 
 

@@ -1,27 +1,32 @@
 """Read, clean, de-duplicate and split the couplet corpora.
 
-Input: every file of ``SOURCES`` found under ``DATA_DIR/couplets/`` and
-``DATA_DIR/safety/blocklist.txt`` (see the data folder's README). Output: ``train.tsv`` and one
-file per ``VAL_SPLITS`` entry, with columns ``upper, lower, register, source``, plus
-``stats.json`` with the counts read, kept and dropped per source and reason.
+Input: every file of ``SOURCES`` found under ``DATA_DIR/couplets/`` (see the data folder's
+README); pairs holding a term of the safety list's training filter are dropped
+(``data.blocklist.training_blocklist``). Output: ``train.tsv`` and one file per ``VAL_SPLITS``
+entry, with columns ``upper, lower, register, source``, plus ``stats.json`` with the counts
+read, kept and dropped per source and reason.
 
 De-duplication is across sources, on the Han characters of both lines (a punctuated and an
 unpunctuated copy of one couplet are one pair); the first source in ``SOURCES`` order keeps it.
 Each validation split is carved from one source with a fixed seed, grouped by the Han characters
 of the 上联, one reference per upper line; any training pair that shares an upper or lower line
-with a pair of *any* validation split is dropped as a leak.
+with a pair of *any* validation split is dropped as a leak. The shipped splits are pinned
+(``resources/val_splits.txt``: a hash of each pair's Han characters, in order), so they stay
+the same files whatever the filters let through: a carve shuffles the source's cleaned pairs,
+and a change to the safety list changes which pairs those are.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chunlian.data.blocklist import Blocklist
+from chunlian.data.blocklist import Blocklist, training_blocklist
 from chunlian.text import CLAUSE_PUNCT, MAX_LINE_CHARS, is_han, normalize, punct_positions
 
 REGISTERS = ("modern", "classical")
@@ -154,12 +159,48 @@ def carve(pairs: list[Pair], val_size: int, seed: int) -> list[Pair]:
     return [groups[k][0] for k in keys[:val_size]]
 
 
+PINNED_SIZE = 2000  # the pinned splits' size: another --val-size carves new splits
+_PINS = Path(__file__).resolve().parent.parent / "resources" / "val_splits.txt"
+
+
+def pair_hash(p: Pair) -> str:
+    """A pinned pair's identity: a hash of the Han characters of both lines."""
+    key = f"{_han_key(p.upper)}\t{_han_key(p.lower)}".encode()
+    return hashlib.blake2b(key, digest_size=6).hexdigest()
+
+
+def read_pins(path: Path = _PINS) -> dict[str, list[str]]:
+    """{split file: pair hashes in order} from a pins file (``# file`` starts a split)."""
+    pins: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            current = pins.setdefault(line[2:].strip(), [])
+        elif line:
+            current.append(line)
+    return pins
+
+
+def pinned(pairs: list[Pair], hashes: list[str], file: str) -> list[Pair]:
+    """The pairs of ``hashes``, in their order; every one must be among ``pairs``."""
+    by_hash = {pair_hash(p): p for p in reversed(pairs)}  # the first pair wins, as in ``carve``
+    missing = [i for i, h in enumerate(hashes) if h not in by_hash]
+    if missing:
+        raise ValueError(f"{file}: {len(missing)} pinned validation pairs are not among the cleaned pairs "
+                         f"(the first at row {missing[0] + 1}); the corpora differ from the ones the split "
+                         "was pinned on: give another --val-size to carve new splits")
+    return [by_hash[h] for h in hashes]
+
+
 def split(
     by_source: dict[str, list[Pair]], stats: CleanStats, val_size: int,
-    splits: tuple[ValSplit, ...] = VAL_SPLITS,
+    splits: tuple[ValSplit, ...] = VAL_SPLITS, pins: dict[str, list[str]] | None = None,
 ) -> tuple[list[Pair], dict[str, list[Pair]]]:
-    """(training pairs, {split file: validation pairs}); leaks into any split are dropped."""
-    vals = {s.file: carve(by_source.get(s.source, []), val_size, s.seed) for s in splits}
+    """(training pairs, {split file: validation pairs}); leaks into any split are dropped.
+    A split named in ``pins`` is those pairs; the others are carved."""
+    pins = pins or {}
+    vals = {s.file: pinned(by_source.get(s.source, []), pins[s.file], s.file) if s.file in pins
+            else carve(by_source.get(s.source, []), val_size, s.seed) for s in splits}
     val_lines = {_han_key(line) for val in vals.values() for p in val for line in (p.upper, p.lower)}
     train: list[Pair] = []
     for pairs in by_source.values():
@@ -193,15 +234,18 @@ def read_pairs(path: Path) -> list[Pair]:
     return [pair_of(r) for r in read_rows(path)]
 
 
-def prepare(data_dir: Path, out_dir: Path, val_size: int = 2000) -> CleanStats:
-    """Run the whole pipeline; write the train and validation TSVs and stats.json."""
+def prepare(data_dir: Path, out_dir: Path, val_size: int = PINNED_SIZE,
+            blocklist: Blocklist | None = None) -> CleanStats:
+    """Run the whole pipeline; write the train and validation TSVs and stats.json.
+    ``blocklist``: the training filter (default: the shipped list's); the validation splits
+    are the pinned ones at ``PINNED_SIZE``, carved ones at any other ``val_size``."""
     couplets = data_dir / "couplets"
     for src in SOURCES:
         if src.required and not (couplets / src.file).is_file():
             raise FileNotFoundError(f"expected {couplets / src.file}; is --data-dir right?")
     if val_size < 1:
         raise ValueError(f"val_size must be at least 1, got {val_size}")
-    blocklist = Blocklist.from_file(data_dir / "safety" / "blocklist.txt")
+    blocklist = blocklist or training_blocklist()
     stats = CleanStats()
     seen: set[tuple[str, str]] = set()
     by_source = {
@@ -209,7 +253,8 @@ def prepare(data_dir: Path, out_dir: Path, val_size: int = 2000) -> CleanStats:
         for src in SOURCES if (couplets / src.file).is_file()
     }
     splits = tuple(s for s in VAL_SPLITS if s.source in by_source)
-    train, vals = split(by_source, stats, val_size, splits)
+    pins = read_pins() if val_size == PINNED_SIZE else None
+    train, vals = split(by_source, stats, val_size, splits, pins)
     for p in train:
         stats.kept[f"train:{p.source}"] += 1
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from chunlian.engine.rows import BeamGroup, Row
-from chunlian.model.tokenizer import Tokenizer, lower_role
+from chunlian.model.tokenizer import Tokenizer, lower_role, upper_role
 from chunlian.model.transformer import KVCache
 
 
@@ -76,7 +76,8 @@ def _advance_group(
         if dst is not parent:
             moves.append((dst, parent, 0 if first else g.gen_start))
         ch = f if f is not None else tok.itos[tid]
-        dst.next_role = lower_role(len(state.lower) + 1)
+        # a composed 上联's search (``SeqSpec.upper_only``) chooses 上联 characters
+        dst.next_role = upper_role(len(state.upper)) if state.phase == "upper" else lower_role(len(state.lower) + 1)
         state.push(ch)
         dst.state, dst.next_id = state, tok.stoi.get(ch, tok.unk_id)
         dst.next_pos = parent.next_pos

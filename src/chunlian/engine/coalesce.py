@@ -7,8 +7,10 @@ A merge never gives a caller less than its own request would have had: a caller 
 request in flight only when that request's priority is at least its own (an interactive
 caller never waits under the bulk share, nor gets a bulk search's narrower answer) and its
 deadline is no earlier than the caller's own, to within ``DEADLINE_SLACK_SHARE`` of the
-caller's timeout (so identical requests a moment apart still merge). Otherwise the caller's request is sent on its own, and later
-callers join the newer one.
+caller's timeout (so identical requests a moment apart still merge). Otherwise the caller's
+request is sent on its own, and later callers join the newer one. A caller that joined a
+request which then ends at its own, earlier deadline still has time of its own: its request
+is sent then, with the time it has left, so no merge shortens a caller's deadline.
 """
 
 from __future__ import annotations
@@ -59,30 +61,45 @@ class InFlight(Generic[T]):
         core enforces the real deadline, ``guard_s`` less a client's fixed margin; the guard
         only keeps a stuck engine from holding a caller for ever): past it, ``DeadlineExceeded``.
         ``bulk``: the caller's request is at bulk priority."""
-        deadline_s = asyncio.get_running_loop().time() + guard_s
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + guard_s
         shared = self._by_key.get(key) if self.enabled else None
-        if shared is not None and shared.covers(bulk, deadline_s, DEADLINE_SLACK_SHARE * guard_s):
+        joined = shared is not None and shared.covers(bulk, deadline_s, DEADLINE_SLACK_SHARE * guard_s)
+        if shared is not None and joined:
             shared.waiters += 1
             self.coalesced += 1
         else:
-            future, abort = submit()
-            shared = _Shared(future, abort, bulk, deadline_s)
-            if self.enabled:  # else nothing ever looks it up
-                self._by_key[key] = shared
-                forget = shared
-
-                def done(_f: asyncio.Future[T]) -> None:
-                    self._forget(key, forget)
-
-                future.add_done_callback(done)
+            shared = self._send(key, submit, bulk, deadline_s)
         try:
-            return await asyncio.wait_for(asyncio.shield(shared.future), guard_s)
+            try:
+                return await asyncio.wait_for(asyncio.shield(shared.future), guard_s)
+            except DeadlineExceeded:
+                left_s = deadline_s - loop.time()
+                if not joined or left_s <= 0:
+                    raise
+            # the joined request ended at its own, earlier deadline: this caller's is ahead
+            shared = self._send(key, submit, bulk, deadline_s)
+            return await asyncio.wait_for(asyncio.shield(shared.future), left_s)
         except TimeoutError:
             self._leave(key, shared)
             raise DeadlineExceeded(f"no answer within {guard_s:.3f} s") from None
         except asyncio.CancelledError:
             self._leave(key, shared)
             raise
+
+    def _send(self, key: Hashable, submit: Callable[[], Submitted[T]], bulk: bool,
+              deadline_s: float) -> _Shared[T]:
+        """Submit a caller's own request; later identical callers may join it."""
+        future, abort = submit()
+        shared = _Shared(future, abort, bulk, deadline_s)
+        if self.enabled:  # else nothing ever looks it up
+            self._by_key[key] = shared
+
+            def done(_f: asyncio.Future[T]) -> None:
+                self._forget(key, shared)
+
+            future.add_done_callback(done)
+        return shared
 
     def _forget(self, key: Hashable, shared: _Shared[T]) -> None:
         if self._by_key.get(key) is shared:

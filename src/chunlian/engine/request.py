@@ -38,7 +38,10 @@ class SeqSpec:
     # score the chosen tokens (``SeqOutput.logprob_mean``): needed only to rank candidates;
     # a lone candidate skips a log-softmax over the vocabulary at every step
     scored: bool = True
-    beam: BeamParams | None = None  # a beam search over ``beam.width`` rows (a 下联 only)
+    beam: BeamParams | None = None  # a beam search over ``beam.width`` rows
+    named: bool = False  # the forced heads are a name's (``LineState.named``)
+    # a composed line's search of the 上联 alone (``engine.composed``): it ends there
+    upper_only: bool = False
 
     @property
     def rows(self) -> int:
@@ -60,17 +63,21 @@ class SeqSpec:
         """Tokens this sequence will emit (prefill's first one included)."""
         if self.upper is not None:
             return self.upper_len
+        if self.upper_only:
+            return self.upper_len - len(self.prompt_chars)
         return 2 * self.upper_len + 1 - len(self.prompt_chars)  # the SEP is emitted too
 
 
 @dataclass(frozen=True)
 class BeamHyp:
     """One final line of a beam: its summed log-probability over the characters the model
-    chose (forced ones are not scored) and that sum's mean per scored step."""
+    chose (forced ones are not scored) and that sum's mean per scored step. A search of a
+    composed 上联 (``SeqSpec.upper_only``) has its line in ``upper`` and an empty ``lower``."""
 
     lower: str
     logprob: float
     logprob_mean: float
+    upper: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,9 +100,9 @@ def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
     p = req.params
     if p.beam is not None:
         if req.upper is None:
-            raise ValueError("a beam search writes a 下联: it needs an upper line")
+            return [_upper_search(req, first_seq_id, p.beam)]
         return [SeqSpec(seq_id=first_seq_id, style=req.style, upper=req.upper, upper_len=len(req.upper),
-                        scored=False, beam=p.beam)]
+                        scored=False, beam=p.beam, lower_forced=_lower_head(req), named=bool(req.heads))]
     specs: list[SeqSpec] = []
     for c in range(p.n):
         greedy = p.seed is None and c == 0
@@ -105,23 +112,38 @@ def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
             temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, scored=p.n > 1,
         )
         if req.upper is not None:
-            specs.append(SeqSpec(upper=req.upper, upper_len=len(req.upper), **common))  # type: ignore[arg-type]
+            specs.append(SeqSpec(upper=req.upper, upper_len=len(req.upper), lower_forced=_lower_head(req),
+                                 named=bool(req.heads), **common))  # type: ignore[arg-type]
             continue
-        length = req.length or 7
-        if req.heads:
-            upper_forced = {0: req.heads[0]}
-            lower_forced = {0: req.heads[1]} if len(req.heads) > 1 else {}
-            banned = frozenset(ch for ch in req.heads[1:] if is_han(ch))
-        else:
-            kw = req.keyword or ""
-            upper_forced = dict(enumerate(kw))
-            lower_forced = {}
-            banned = frozenset()
+        upper_forced, lower_forced, banned = _composed_heads(req)
         specs.append(
-            SeqSpec(upper=None, upper_len=length, upper_forced=upper_forced,
-                    lower_forced=lower_forced, upper_banned=banned, **common)  # type: ignore[arg-type]
+            SeqSpec(upper=None, upper_len=req.length or 7, upper_forced=upper_forced, lower_forced=lower_forced,
+                    upper_banned=banned, named=bool(req.heads), **common)  # type: ignore[arg-type]
         )
     return specs
+
+
+def _composed_heads(req: CoupletRequest) -> tuple[dict[int, str], dict[int, str], frozenset[str]]:
+    """A composed request's forced 上联 and 下联 characters, and the characters its 上联 may
+    not hold (the 下联's head: the lines share no character, unless both heads are one)."""
+    if req.heads:
+        lower_forced = {0: req.heads[1]} if len(req.heads) > 1 else {}
+        return {0: req.heads[0]}, lower_forced, frozenset(ch for ch in req.heads[1:] if is_han(ch))
+    return dict(enumerate(req.keyword or "")), {}, frozenset()
+
+
+def _lower_head(req: CoupletRequest) -> dict[int, str]:
+    """The forced 下联 head of a 下联 request that answers a composed 上联 (``engine.composed``:
+    ``upper`` and the name's ``heads`` together, the second heading the 下联)."""
+    return {0: req.heads[1]} if req.heads and len(req.heads) > 1 else {}
+
+
+def _upper_search(req: CoupletRequest, seq_id: int, beam: BeamParams) -> SeqSpec:
+    """A beam search of a composed request's 上联 alone, under its heads or keyword."""
+    upper_forced, _, banned = _composed_heads(req)
+    return SeqSpec(seq_id=seq_id, style=req.style, upper=None, upper_len=req.length or 7,
+                   upper_forced=upper_forced, upper_banned=banned, scored=False, beam=beam,
+                   named=bool(req.heads), upper_only=True)
 
 
 def model_request(req: CoupletRequest) -> CoupletRequest:

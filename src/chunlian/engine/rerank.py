@@ -8,6 +8,7 @@ already hold for every candidate; the score prefers the likelier, better-toned o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from chunlian.engine.request import BeamHyp, SeqOutput
@@ -83,16 +84,53 @@ def build_result(
     )
 
 
+def in_typed_script(req: CoupletRequest, result: CoupletResult) -> CoupletResult:
+    """``result``, written in simplified characters for a request of its own, in the script
+    ``req`` was typed in (a composed couplet's two stages: ``engine.composed``)."""
+    back = _in_script_of(req)
+    if back is None:
+        return result
+
+    def typed(c: Couplet) -> Couplet:
+        upper, lower = back(c.upper, c.lower)
+        return replace(c, upper=upper, lower=lower, hengpi=traditional(c.hengpi))
+
+    return replace(result, best=typed(result.best), candidates=tuple(typed(c) for c in result.candidates))
+
+
+def diverse(outputs: list[SeqOutput], n: int) -> list[SeqOutput]:
+    """The ``n`` lines a search answers with, from its ranked, distinct ``outputs``: the best
+    first, then, in rank order, those whose 下联 differs from every one taken in more than
+    half its positions, then the rest in rank order. A search's next lines mostly change one or
+    two characters of its best (英雄伟业国威扬, 英雄伟业国光新): as "another couplet" (the
+    page's 换一副) they read as the same one."""
+    taken: list[SeqOutput] = []
+    for o in outputs:
+        if len(taken) == n:
+            return taken
+        if all(_differs(o, t) for t in taken):
+            taken.append(o)
+    return taken + [o for o in outputs if o not in taken][: n - len(taken)]
+
+
+def _differs(a: SeqOutput, b: SeqOutput) -> bool:
+    """Whether two couplets differ: another 上联, or 下联 unlike in more than half their positions."""
+    if a.upper != b.upper:
+        return True
+    return sum(x != y for x, y in zip(a.lower, b.lower, strict=False)) * 2 > len(a.lower)
+
+
 def searched_lines(out: SeqOutput, ranked: Sequence[BeamHyp] | None, n: int) -> list[SeqOutput]:
-    """A finished search's best ``n`` distinct lines: in their reranked order (``ranked``),
-    else in the beam's own."""
+    """A finished search's ``n`` lines (``diverse``) from its distinct ones, in their reranked
+    order (``ranked``), else in the beam's own; a composed 上联's search has its line in ``upper``."""
     hyps = ranked if ranked is not None else out.beams
-    return distinct([SeqOutput(out.seq_id, out.upper, h.lower, h.logprob_mean) for h in hyps])[:n]
+    lines = [SeqOutput(out.seq_id, h.upper or out.upper, h.lower, h.logprob_mean) for h in hyps]
+    return diverse(distinct(lines), n)
 
 
 def distinct(outputs: list[SeqOutput]) -> list[SeqOutput]:
     """``outputs`` without repeated lines, first kept (a search's dead slots repeat its best)."""
-    first: dict[str, SeqOutput] = {}
+    first: dict[tuple[str, str], SeqOutput] = {}
     for o in outputs:
-        first.setdefault(o.lower, o)
+        first.setdefault((o.upper, o.lower), o)
     return list(first.values())

@@ -184,11 +184,13 @@ class ModelRunner:
             if s.upper is not None:
                 ids.append(tok.sep_id)
                 rl.append(lower_role(0))
-                state = LineState(style=s.style, upper=s.upper, upper_len=s.upper_len, phase="lower")
+                state = LineState(style=s.style, upper=s.upper, upper_len=s.upper_len, phase="lower",
+                                  lower_forced=s.lower_forced, named=s.named)
             else:
                 state = LineState(
                     style=s.style, upper=chars, upper_len=s.upper_len, phase="upper",
                     upper_forced=s.upper_forced, lower_forced=s.lower_forced, upper_banned=s.upper_banned,
+                    named=s.named, upper_only=s.upper_only,
                 )
             prompts.append(ids)
             roles.append(rl)
@@ -370,7 +372,7 @@ def _beam_output(g: BeamGroup) -> SeqOutput:
     """A finished beam search: its best line, with every surviving line best first."""
     assert g.score is not None
     n = max(1, g.n_scored)
-    hyps = tuple(BeamHyp(r.state.lower, sc, sc / n)
+    hyps = tuple(BeamHyp(r.state.lower, sc, sc / n, r.state.upper if r.spec.upper_only else "")
                  for r, sc in zip(g.rows, g.score.tolist(), strict=True) if math.isfinite(sc))
     best = g.rows[0].state
     return SeqOutput(g.rows[0].spec.seq_id, best.upper, best.lower, hyps[0].logprob_mean, hyps)

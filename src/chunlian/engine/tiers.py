@@ -42,7 +42,8 @@ SEARCH_OF: dict[str, BeamParams] = dict(SEARCHES)
 def fixed_tier(req: CoupletRequest, searching: bool) -> Served | None:
     """The mode that answers ``req`` whatever the load, or None when the scheduler chooses
     (``auto``). ``searching``: whether the engine has the weights to search with. A request
-    a search cannot answer (a composed couplet, a seed) is ``fast``."""
+    a search cannot answer (a seed; a composed couplet, whose 上联 the service searches
+    first: ``engine.composed``) is ``fast``."""
     if not req.searchable or not searching or req.quality == "fast":
         return "fast"
     if req.quality == "best":
@@ -59,8 +60,12 @@ def core_tier(req: CoupletRequest, pooled: bool) -> Served | None:
     if req.params.beam is None:
         return fixed_tier(req, pooled)
     tier = served_of(req, None)
+    # the search of a composed 上联 (``engine.composed``) runs on the main rows, as do all
+    # searches of an engine without a search pool: their own rows (``params.rows``)
+    if req.upper is None:
+        return "fast"
     if not pooled:
-        return tier  # searches share the one runner's rows: their own rows (``params.rows``)
+        return tier
     if tier == "fast":
         raise InvalidInput("this engine searches only with its quality presets; use quality", "beam")
     return tier

@@ -66,9 +66,9 @@ def validate_items(raw: list[Any], quality: bool = True) -> list[Spec]:
 
 
 def searchable(spec: Spec) -> bool:
-    """Whether the quality mode can answer an item: a 上联 with ``n`` = 1 and no seed (the
-    others are written fast)."""
-    return "upper" in spec and spec.get("n", 1) == 1 and spec.get("seed") is None
+    """Whether the quality mode can answer an item: a 上联, or a composed couplet (in two
+    stages: ``engine.composed``), with ``n`` = 1 and no seed (the others are written fast)."""
+    return spec.get("n", 1) == 1 and spec.get("seed") is None
 
 
 def spec_of(req: CoupletRequest) -> Spec:

@@ -1,8 +1,9 @@
 """Job items in the quality mode in a Celery worker: ``POST /v1/jobs`` (``quality``: best,
 the default).
 
-The items the quality mode can answer (``jobs.items.searchable``: a 上联 with ``n`` = 1 and
-no seed) are marked at submission; the others are written fast.
+The items the quality mode can answer (``jobs.items.searchable``: a 上联 or a composed
+couplet, in two stages (``engine.composed``), with ``n`` = 1 and no seed) are marked at
+submission; the others are written fast.
 
 * Embedded jobs (no broker) ask the service's engine for ``quality: "best"`` at bulk
   priority (``jobs.inprocess``): the engine's search rows, under the bulk share.

@@ -22,6 +22,12 @@ Rules for the 下联 (hard, hold by construction):
 Soft (biases, tunable): 平仄 opposition at even positions and clause ends (``tone_bias``),
 and the style's lexicon (``style_bias``).
 For a composed 上联: Han characters only, forced head characters, ends 仄, blocklist.
+A line headed by a name's character (``named``) never puts a negative continuation of it
+next (``chunlian.names.banned_after_head``: 胡 + 言), puts next only a character that follows
+the head in the corpus where the head has such words (``names.allowed_after_head``: no 娜郎),
+and keeps the festive register of a name's couplet in both lines (``names.FESTIVE_*`` and the
+zodiac's composed terms, ``named_list``). A forced 下联 head may repeat the 上联's (a name
+such as 丹丹: ``chunlian.names``): forced characters are never banned.
 """
 
 from __future__ import annotations
@@ -36,6 +42,14 @@ from torch import Tensor
 from chunlian.data.blocklist import Blocklist
 from chunlian.model.styles import LEXICONS, STYLE_BIAS, STYLES
 from chunlian.model.tokenizer import Tokenizer
+from chunlian.model.zodiac import with_composed
+from chunlian.names import (
+    FESTIVE_BANNED_CHARS,
+    FESTIVE_BANNED_TERMS,
+    NOT_A_PERSON,
+    allowed_after_head,
+    banned_after_head,
+)
 from chunlian.text import checked_positions, is_han, tone_class
 
 # which tone to push towards at a position: 0 none, 1 ping, 2 ze
@@ -60,6 +74,13 @@ def _wildcard_index(blocklist: Blocklist) -> dict[str, frozenset[str]]:
 
 
 @lru_cache(maxsize=4096)
+@lru_cache(maxsize=8)  # one object per list: its indexes are built once
+def named_list(blocklist: Blocklist) -> Blocklist:
+    """What a line headed by a name may not complete: ``blocklist``, the festive terms and
+    the zodiac's composed-couplet terms (``model.zodiac.with_composed``)."""
+    return with_composed(Blocklist(set(blocklist.terms) | FESTIVE_BANNED_TERMS), blocklist.zodiac_year)
+
+
 def _roots(upper: str) -> tuple[int, ...]:
     """For each position, the first position holding the same character (-1: not Han)."""
     return tuple(upper.index(c) if is_han(c) else -1 for c in upper)
@@ -152,10 +173,14 @@ class LineState:
     upper_forced: dict[int, str] = field(default_factory=dict)
     lower_forced: dict[int, str] = field(default_factory=dict)
     upper_banned: frozenset[str] = frozenset()
+    # the forced heads are a name's: what follows a head may not insult it (``chunlian.names``)
+    named: bool = False
+    # a search of the 上联 alone (``engine.composed``): done once the 上联 is complete
+    upper_only: bool = False
 
     @property
     def done(self) -> bool:
-        return self.phase == "lower" and len(self.lower) == self.upper_len
+        return self.phase == "lower" and (self.upper_only or len(self.lower) == self.upper_len)
 
     def next_rule(self, blocklist: Blocklist) -> tuple[str | None, set[str], int, bool]:
         """(forced char, banned chars, wanted tone bias, must be 平/仄 hard) for the next char.
@@ -176,7 +201,13 @@ class LineState:
             if i in self.upper_forced:
                 return self.upper_forced[i], _NOTHING, set(), WANT_NONE, False
             # a composed 上联 repeats no character: repeats read as stutter, not as wordplay
+            if self.named:
+                blocklist = named_list(blocklist)
             extra = blocklist.banned_next(self.upper) | set(self.upper)
+            if self.named:
+                extra |= FESTIVE_BANNED_CHARS
+                if i == 1 and 0 in self.upper_forced:
+                    extra |= banned_after_head(self.upper_forced[0]) | NOT_A_PERSON
             hard_ze = i == self.upper_len - 1
             return None, self.upper_banned, extra, WANT_ZE if hard_ze else WANT_NONE, hard_ze
         j = len(self.lower)
@@ -188,10 +219,29 @@ class LineState:
             return self.lower[int(arg)], _NOTHING, set(), WANT_NONE, False
         if j in self.lower_forced:
             return self.lower_forced[j], _NOTHING, set(), WANT_NONE, False
+        if self.named:
+            blocklist = named_list(blocklist)
         extra = set(_han_set(self.lower))
+        if self.named:
+            extra |= FESTIVE_BANNED_CHARS
         extra |= blocklist.banned_next(self.lower)
         extra |= lookahead_banned(u, self.lower, self.lower_forced, blocklist)
+        if self.named and j == 1 and 0 in self.lower_forced:
+            extra |= banned_after_head(self.lower_forced[0])
         return None, _han_set(u), extra, want, hard
+
+    def allowed_next(self) -> frozenset[str] | None:
+        """Only these characters may come next (None: no such rule): the one after a name's
+        head, where the corpus attests words that the head opens (``names.allowed_after_head``)."""
+        if not self.named:
+            return None
+        if self.phase == "upper":
+            i, forced = len(self.upper), self.upper_forced
+        else:
+            i, forced = len(self.lower), self.lower_forced
+        if i != 1 or 0 not in forced or 1 in forced:
+            return None
+        return allowed_after_head(forced[0])
 
     def push(self, ch: str) -> None:
         if self.phase == "upper":
@@ -244,6 +294,7 @@ class Constrainer:
         self.device = device
         self._tables: dict[float, Tensor] = {}  # tone_bias -> table (``_table``)
         self._fixed_ids: dict[frozenset[str], list[int]] = {}  # a line's fixed bans as ids
+        self._outside: dict[frozenset[str], Tensor] = {}  # an ``allowed_next`` set's complement
         _wildcard_index(blocklist)  # built now, not inside the first request's step
 
     def _table(self, tone_bias: float) -> Tensor:
@@ -279,9 +330,12 @@ class Constrainer:
         forced: list[str | None] = []
         stoi = self.tok.stoi
         fixed_ids = self._fixed_ids
+        only: list[tuple[int, frozenset[str]]] = []
         for b, st in enumerate(states):
             f, fixed, extra, w, hard = st.rule_parts(self.blocklist)
             forced.append(f)
+            if f is None and (allowed := st.allowed_next()) is not None:
+                only.append((b, allowed))
             s = self.style_index.get(st.style, n_styles)
             if f is not None:
                 w, hard = WANT_NONE, False
@@ -303,12 +357,23 @@ class Constrainer:
         scores = table.index_select(0, torch.tensor(idx, device=self.device)).add_(logits)
         if rows:
             scores[torch.tensor(rows, device=self.device), torch.tensor(cols, device=self.device)] = float("-inf")
+        for b, allowed in only:
+            scores[b].masked_fill_(self._outside_of(allowed), float("-inf"))
         top_value, top_id = scores.max(dim=1)  # [B]: first of equal maxima, like argmax
         dead = ~torch.isfinite(top_value)
         if bool(dead.any()):
             self._revive(scores, logits, table, dead, idx, rows, cols)
             top_value, top_id = scores.max(dim=1)
         return Constrained(scores, top_value, top_id, forced)
+
+    def _outside_of(self, allowed: frozenset[str]) -> Tensor:
+        """A ``[V]`` mask of the tokens not in ``allowed`` (cached per set)."""
+        mask = self._outside.get(allowed)
+        if mask is None:
+            keep = torch.ones(len(self.tok), dtype=torch.bool)
+            keep[[i for ch in allowed if (i := self.tok.stoi.get(ch)) is not None]] = False
+            mask = self._outside[allowed] = keep.to(self.device)
+        return mask
 
     def _revive(
         self, scores: Tensor, logits: Tensor, table: Tensor, dead: Tensor, idx: list[int],

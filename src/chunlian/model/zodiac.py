@@ -8,6 +8,11 @@ and the epithet ``金A`` - are banned in generated text for every animal but the
 year's and the year it follows (辞旧迎新: 欢送马年 -> 喜迎羊岁), through the same machinery
 as the safety blocklist (``model.decoding``: bans at every step, lookahead included).
 
+A composed couplet (a name's, ``with_composed``) is stricter: it names the year only by its
+own animal. The previous year's animal may go (马去羊来) but is never the year's (马岁, 马年),
+and no other animal greets the spring (骏马迎春, 玉兔呈祥, 大圣迎春, 猴日顺意), as blind
+readers took each of those for the wrong year.
+
 Only generation is constrained: a user's 上联 may name any year, and animals in their other
 senses (龙腾虎跃, 马到成功, 三羊开泰) stay free. The year is ``Settings.zodiac_year``; by
 default the coming Spring Festival's (``campaign_year``).
@@ -49,4 +54,29 @@ def with_zodiac(blocklist: Blocklist, year: int | None) -> Blocklist:
     """``blocklist`` plus the off-year terms of ``year`` (None: ``blocklist`` as it is)."""
     if year is None:
         return blocklist
-    return Blocklist(set(blocklist.terms) | off_year_terms(year))
+    return Blocklist(set(blocklist.terms) | off_year_terms(year), zodiac_year=year)
+
+
+# how the model has another animal greet the year in a composed line: A迎春, A呈祥, ...
+GREETING_PATTERNS = ("{}迎春", "{}报春", "{}献岁", "{}贺岁", "{}呈祥", "{}献瑞", "{}送福", "{}日")
+# epithets that stand for an animal without naming it: the rabbit's and the monkey's
+EPITHETS = {"兔": ("玉兔",), "猴": ("大圣", "灵猴", "美猴", "神猴")}
+
+
+def composed_terms(year: int) -> frozenset[str]:
+    """Terms a composed couplet for ``year`` may not write beyond ``off_year_terms``: the
+    previous year's animal as the year, and every other animal greeting it."""
+    prev = animal(year - 1)
+    others = [a for a in ANIMALS if a != animal(year)]
+    others += [ALIASES[a] for a in others if a in ALIASES]
+    terms = {p.format(prev) for p in YEAR_PATTERNS}
+    terms |= {p.format(a) for a in others for p in GREETING_PATTERNS}
+    terms |= {e for a in others for e in EPITHETS.get(a, ())}
+    return frozenset(terms)
+
+
+def with_composed(blocklist: Blocklist, year: int | None) -> Blocklist:
+    """``blocklist`` plus ``composed_terms(year)`` (None: ``blocklist`` as it is)."""
+    if year is None:
+        return blocklist
+    return Blocklist(set(blocklist.terms) | composed_terms(year), zodiac_year=year)

@@ -76,11 +76,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def register_data(sub: Any) -> None:
     """Add ``chunlian data``."""
     d = sub.add_parser("data", help="prepare the training data (clean, dedupe, split)")
-    d.add_argument("--data-dir", required=True, help="folder holding couplets/ and safety/")
+    d.add_argument("--data-dir", required=True, help="folder holding couplets/ (the safety filter is the package's audited list)")
     d.add_argument("--out-dir", default="runs/data", help="where the splits go (default runs/data)")
     hidden_alias(d, "--out", "out_dir")
     d.add_argument("--val-size", type=int, default=2000,
-                   help="pairs in each validation split (modern, wb14123); the splits' seeds are fixed (default 2000)")
+                   help="pairs in each validation split (modern, wb14123); at 2000 the pinned splits, at any other size new ones carved with fixed seeds (default 2000)")
     d.set_defaults(fn=cmd_data)
 
 

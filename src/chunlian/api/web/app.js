@@ -7,6 +7,10 @@
   "use strict";
 
   const REQUEST_TIMEOUT_MS = 30000;
+  // candidates asked for at once: 换一副 shows the next of them without a second search, and
+  // asks again only when they are used up (the warm-up caches answers of this size:
+  // chunlian.api.warmup.PAGE_CANDIDATES)
+  const CANDIDATES = 4;
   const MAX_CHARS = 32;
   const VERTICAL_FORMS = { "—": "\uFE31", "…": "\uFE19" };
   const STYLE_NAMES = { traditional: "传统", business: "商贸", family: "家庭", literary: "文雅" };
@@ -41,6 +45,9 @@
 
   let mode = "upper"; // "upper" (对下联) or "name" (藏头联)
   let lastRequest = null; // { path, body } of the last successful request
+  let pool = []; // the last answer's couplets, best first; pool[at] is shown
+  let at = 0;
+  let shown = new Set(); // couplets shown since the last 写春联 (upper|lower), never shown twice
   let busy = false;
   let seq = 0;
 
@@ -144,7 +151,7 @@
       if (/empty|blank|missing|required/.test(text)) return `请先输入${what}。`;
       if (/too.?long|at most|longer|max/.test(text)) {
         const m = message.match(/(\d+)\s*char\w*,\s*at most\s*(\d+)/i);
-        if (field === "heads" && m) return `名字最多 ${m[2]} 个字（现在是 ${m[1]} 个）：可只写名，如“小明”。`;
+        if (field === "heads" && m) return `名字最多 ${m[2]} 个字（现在是 ${m[1]} 个）。`;
         if (m) return `${what}太长了：共 ${m[1]} 个字，最多 ${m[2]} 个字。`;
         const mm = message.match(/at most\s*(\d+)/i);
         return `${what}太长了，最多 ${mm ? mm[1] : MAX_CHARS} 个字。`;
@@ -225,11 +232,11 @@
       const heads = el.nameInput.value.trim();
       const length = Number((el.form.querySelector('input[name="length"]:checked') || {}).value || 7);
       if (!heads) throw new FriendlyError("请先输入名字。", "heads");
-      return { path: "v1/couplets/compose", body: { heads, length, style } };
+      return { path: "v1/couplets/compose", body: { heads, length, style, n: CANDIDATES } };
     }
     const upper = el.upperInput.value.trim();
     if (!upper) throw new FriendlyError("请先输入上联。", "upper");
-    return { path: "v1/couplets", body: { upper, style, n: 1, seed: null, regenerate: false } };
+    return { path: "v1/couplets", body: { upper, style, n: CANDIDATES, seed: null, regenerate: false } };
   }
 
   async function run(request, { regenerate = false } = {}) {
@@ -242,13 +249,43 @@
         : request.body;
       const data = await postJSON(request.path, body);
       lastRequest = request;
-      render(data);
+      if (!regenerate) shown = new Set();
+      pool = couplets(data);
+      // a fresh draw may repeat a couplet already seen: start at the first new one
+      at = Math.max(0, pool.findIndex((c) => !shown.has(keyOf(c))));
+      showAt(at);
     } catch (e) {
       const friendly = e instanceof FriendlyError ? e : new FriendlyError("出了点问题，请再试一次。");
       showError(friendly.message, friendly.field);
     } finally {
       setBusy(false);
     }
+  }
+
+  const keyOf = (c) => `${c.upper}|${c.lower}`;
+
+  function couplets(data) {
+    const list = Array.isArray(data.candidates) && data.candidates.length ? data.candidates : [data];
+    return list.filter((c) => c && typeof c.upper === "string" && typeof c.lower === "string")
+      .map((c) => ({ ...c, style: c.style || data.style }));
+  }
+
+  function showAt(i) {
+    const c = pool[i] || pool[0];
+    shown.add(keyOf(c));
+    render(c);
+  }
+
+  // 换一副: the next couplet of the same answer not shown yet; a new draw when none is left
+  function another() {
+    for (let i = at + 1; i < pool.length; i++) {
+      if (!shown.has(keyOf(pool[i]))) {
+        at = i;
+        showAt(i);
+        return;
+      }
+    }
+    run(lastRequest, { regenerate: true });
   }
 
   function setBusy(on, regenerate = false) {
@@ -469,7 +506,7 @@
   });
 
   el.regenerate.addEventListener("click", () => {
-    if (lastRequest) run(lastRequest, { regenerate: true });
+    if (lastRequest && !busy) another();
   });
 
   el.save.addEventListener("click", saveImage);
