@@ -125,14 +125,15 @@ async def ask(client: httpx.AsyncClient, url: str, kind: str, text: str,
 
 async def collect_system(system: System, inputs: list[tuple[str, str]], timeout_s: float,
                          retries: int) -> None:
-    assert system.url is not None
+    url = system.url
+    assert url is not None
     gate = asyncio.Semaphore(system.concurrency)
     done = 0
 
     async def one(kind: str, text: str) -> dict[str, Any]:
         nonlocal done
         async with gate:
-            rec = await ask(client, system.url or "", kind, text, system.overrides, retries)
+            rec = await ask(client, url, kind, text, system.overrides, retries)
         done += 1
         if done % 50 == 0:
             print(f"  {system.label}: {done}/{len(inputs)}", file=sys.stderr, flush=True)

@@ -92,7 +92,7 @@ def test_a_names_lines_keep_a_festive_register_and_the_surname_names_no_one() ->
 
 def test_a_repeated_head_opens_both_lines_and_nothing_else_is_shared() -> None:
     state = LineState("traditional", "丹心向党迎新岁", 7, lower_forced={0: "丹"}, named=True)
-    forced, banned, _, _ = state.next_rule(default_blocklist())
+    forced, _, _, _ = state.next_rule(default_blocklist())
     assert forced == "丹"
     state.push("丹")
     assert "丹" in state.next_rule(default_blocklist())[1]  # no second 丹 in the 下联

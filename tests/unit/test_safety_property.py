@@ -23,6 +23,7 @@ from chunlian.script import traditional
 from chunlian.training.eval_run import read_eval_pairs
 from chunlian.types import CoupletResult
 from chunlian.validation import ComposeIn
+from tests.unit.test_api_safety import FESTIVE_KEYWORDS
 from tests.unit.test_safety_lists import MUST_BLOCK
 
 SPLITS = ("val.tsv", "val_wb14123.tsv")
@@ -79,8 +80,7 @@ def test_generated_text_for_2000_validation_lines_holds_no_banned_term() -> None
 
 
 def test_festive_keywords_open_the_composed_upper_line() -> None:
-    keywords = ["万里", "中国", "圆满", "东升", "手机", "老板"]
-    reqs = [ComposeIn(keyword=k, length=7).to_request() for k in keywords]
-    for k, r in zip(keywords, _generator().generate(reqs), strict=True):
+    reqs = [ComposeIn(keyword=k, length=7).to_request() for k in FESTIVE_KEYWORDS]
+    for k, r in zip(FESTIVE_KEYWORDS, _generator().generate(reqs), strict=True):
         assert isinstance(r, CoupletResult), (k, r)
         assert r.best.upper.startswith(k) and len(r.best.upper) == 7, (k, r.best.upper)

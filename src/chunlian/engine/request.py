@@ -127,8 +127,7 @@ def _composed_heads(req: CoupletRequest) -> tuple[dict[int, str], dict[int, str]
     """A composed request's forced 上联 and 下联 characters, and the characters its 上联 may
     not hold (the 下联's head: the lines share no character, unless both heads are one)."""
     if req.heads:
-        lower_forced = {0: req.heads[1]} if len(req.heads) > 1 else {}
-        return {0: req.heads[0]}, lower_forced, frozenset(ch for ch in req.heads[1:] if is_han(ch))
+        return {0: req.heads[0]}, _lower_head(req), frozenset(ch for ch in req.heads[1:] if is_han(ch))
     return dict(enumerate(req.keyword or "")), {}, frozenset()
 
 

@@ -172,7 +172,7 @@ class Scheduler:
         return self.cfg.beam_rows if tier is not None and self._pooled(tier) else self.cfg.max_batch_size
 
     def _free(self, r: SchedRequest, count: int) -> None:
-        if r.tier is not None and self._pooled(r.tier):
+        if self._pooled_tier(r):
             self.live_search_rows -= count
             if r.priority == "bulk":
                 self.live_bulk_search_rows -= count
@@ -342,17 +342,15 @@ class Scheduler:
             tier = r.tier if r.tier is not None else self._choose(r, room, now_s, searches=not skipped)
             if tier == "best" and r.priority == "bulk" and self._pooled(tier) and not skipped:
                 tier = self._bulk_search(r)
-            if self._pooled(tier) and self._overdue(r, now_s) and (
-                    skipped or r.rows_as(tier) > self._search_room(r.priority)):
-                tier = "fast"
             rows = r.rows_as(tier)
-            if self._pooled(tier):
-                if skipped or rows > self._search_room(r.priority):
+            if self._pooled(tier) and (skipped or rows > self._search_room(r.priority)):
+                if not self._overdue(r, now_s):
                     skipped.append(q.popleft())
                     continue
-            elif rows > room:
-                break
-            else:
+                tier, rows = "fast", r.rows_as("fast")  # kept out too long: written greedily
+            if not self._pooled(tier):
+                if rows > room:
+                    break
                 room -= rows
             q.popleft()
             self._start(r, tier, rows, plan, now_s)
@@ -381,7 +379,7 @@ class Scheduler:
     def _interactive_searches(self) -> bool:
         """Whether interactive searches hold search rows or wait for them."""
         return self.live_search_rows > self.live_bulk_search_rows or any(
-            r.tier is not None and self._pooled(r.tier) for r in self.waiting["interactive"])
+            self._pooled_tier(r) for r in self.waiting["interactive"])
 
     def _start(self, r: SchedRequest, tier: Served, rows: int, plan: StepPlan, now_s: float) -> None:
         auto = r.tier is None

@@ -73,7 +73,6 @@ def _wildcard_index(blocklist: Blocklist) -> dict[str, frozenset[str]]:
     return {k: frozenset(v) for k, v in index.items()}
 
 
-@lru_cache(maxsize=4096)
 @lru_cache(maxsize=8)  # one object per list: its indexes are built once
 def named_list(blocklist: Blocklist) -> Blocklist:
     """What a line headed by a name may not complete: ``blocklist``, the festive terms and
@@ -81,6 +80,7 @@ def named_list(blocklist: Blocklist) -> Blocklist:
     return with_composed(Blocklist(set(blocklist.terms) | FESTIVE_BANNED_TERMS), blocklist.zodiac_year)
 
 
+@lru_cache(maxsize=4096)
 def _roots(upper: str) -> tuple[int, ...]:
     """For each position, the first position holding the same character (-1: not Han)."""
     return tuple(upper.index(c) if is_han(c) else -1 for c in upper)
@@ -296,6 +296,7 @@ class Constrainer:
         self._fixed_ids: dict[frozenset[str], list[int]] = {}  # a line's fixed bans as ids
         self._outside: dict[frozenset[str], Tensor] = {}  # an ``allowed_next`` set's complement
         _wildcard_index(blocklist)  # built now, not inside the first request's step
+        _wildcard_index(named_list(blocklist))  # so is a name's list (``LineState.named``)
 
     def _table(self, tone_bias: float) -> Tensor:
         """Additive rows ``[(styles+1) * 3 * 2, V]``: style bias + tone bias, ``-inf`` on
