@@ -67,10 +67,16 @@ FESTIVE_BANNED_CHARS = frozenset("恨愁悲泪血哀怨伤殇哭泣痛惨孤寡�
 # scroll writes after a name), 风流 (amorous, and the core of the templates 王子风流千古恨,
 # 宋代风流千古事, 赵氏风流人不老 that the model writes for any surname), and allusions that
 # mock a surname or make it someone else's: 刘伶 the drunkard, 梁上 (君子, the thief), 冯唐
-# (易老, the talent never used), 王母 (the goddess)
+# (易老, the talent never used), 王母 (the goddess); and the famous people a surname opens
+# (李白, 韩信, 吕布, 阎罗, 孙行者, 郑板桥), whose lines the model writes for every name of
+# that surname and which are then about them, and 熊市 (a bear market)
 FESTIVE_BANNED_TERMS = frozenset([
     "无常", "花已", "已落", "花落", "落花", "寂寞", "白发", "颜老", "风老", "人老", "无力", "生死",
     "千古", "风流", "刘伶", "梁上", "冯唐", "王母", "陈年旧",
+    *["李白", "杜甫", "王维", "苏轼", "贾岛", "陶潜", "屈原", "韩信", "吕布", "孟德", "曹操", "刘邦",
+      "项羽", "孙权", "周瑜", "关羽", "岳飞", "秦桧", "董卓", "潘安", "潘金", "西门", "高俅", "和珅",
+      "严嵩", "赵高", "包拯", "宋江", "武松", "阎罗", "孙行", "冯夷", "尹文", "董老", "郑板", "袁安",
+      "刘海", "刘备", "韩愈", "李杜", "郑老", "孔明", "杜牧", "白居", "李清", "苏东", "王羲", "熊市"],
 ])
 # never right after the 上联's head (a 2-character name's surname): what makes it a
 # person, a title, a clan or a dynasty. The model's stock 上联 for a surname reads it so

@@ -24,7 +24,7 @@ from chunlian.names import (
 from chunlian.offline import OfflineGenerator
 from chunlian.rules import no_shared_char
 from chunlian.script import is_traditional
-from chunlian.types import CoupletRequest, DecodeParams
+from chunlian.types import BeamParams, CoupletRequest, DecodeParams
 
 
 @pytest.mark.parametrize(("name", "heads"), [
@@ -134,18 +134,31 @@ def test_no_answer_puts_a_banned_character_after_a_names_head(gen: OfflineGenera
                     assert line[1] in (allowed_after_head(head) or line[1]), c
 
 
-def test_the_upper_search_writes_the_upper_alone_under_its_heads(gen: OfflineGenerator) -> None:
+def test_the_composed_search_writes_whole_couplets_under_the_heads(gen: OfflineGenerator) -> None:
     reqs = [CoupletRequest(heads=h, length=7, params=DecodeParams(beam=UPPER_SEARCH)) for h in ("秀英", "丹丹")]
     reqs.append(CoupletRequest(keyword="新春", length=5, params=DecodeParams(beam=UPPER_SEARCH)))
     outs = gen.run(reqs)
     for req, out in zip(reqs, outs, strict=True):
         assert out.result is not None, out.error
-        lines = [h.upper for h in out.beams]
-        assert len(lines) == UPPER_SEARCH.width and len(set(lines)) == len(lines)
-        assert all(len(u) == (req.length or 7) and u.startswith(req.heads[0] if req.heads else "新春")
-                   and len(set(u)) == len(u) for u in lines), lines
-        assert all(h.lower == "" for h in out.beams)
-        assert out.result.best.upper == lines[0]
+        assert len(out.beams) == UPPER_SEARCH.width
+        assert len({(h.upper, h.lower) for h in out.beams}) == len(out.beams)
+        n = req.length or 7
+        for h in out.beams:
+            assert len(h.upper) == n and len(h.lower) == n, h
+            assert h.upper.startswith(req.heads[0] if req.heads else "新春"), h
+            if req.heads:
+                assert h.lower[0] == req.heads[-1], h
+        assert [h.logprob for h in out.beams] == sorted((h.logprob for h in out.beams), reverse=True)
+        assert (out.result.best.upper, out.result.best.lower) == (out.beams[0].upper, out.beams[0].lower)
+
+
+def test_a_composed_search_one_wide_writes_the_greedy_couplet(gen: OfflineGenerator) -> None:
+    # the same rules, the same separator between the lines: a width-1 search is greedy decoding
+    for heads in ("秀英", "王伟", "丹丹"):
+        greedy = gen.run([CoupletRequest(heads=heads, length=7)])[0].result
+        searched = gen.run([CoupletRequest(heads=heads, length=7, params=DecodeParams(beam=BeamParams(width=1)))])[0]
+        assert greedy is not None and searched.result is not None
+        assert (searched.beams[0].upper, searched.beams[0].lower) == (greedy.best.upper, greedy.best.lower)
 
 
 def test_a_traditional_name_gets_a_traditional_couplet_in_both_modes(

@@ -49,12 +49,17 @@ def _advance_group(
     """One step of group ``g`` whose rows ``members`` (best first) have step log-probabilities
     ``lp`` ``[k, V]``; returns the keys and values its new layout needs."""
     forced_rows = [k for k, f in enumerate(forced) if f is not None]
-    if forced_rows:  # a forced character costs nothing and is the row's only choice
+    # a forced character is the row's only choice; it costs nothing, except in the search of
+    # a whole composed couplet, whose 上联 is chosen by how well the 下联 under the name's
+    # second head follows it: there the head's own probability counts
+    scores_forced = members[0].spec.composed_search
+    if forced_rows:
         fr = torch.tensor(forced_rows, device=lp.device)
         fid = torch.tensor([tok.stoi.get(forced[k] or "", tok.unk_id) for k in forced_rows], device=lp.device)
+        kept = lp[fr, fid] if scores_forced else 0.0
         lp[fr] = float("-inf")
-        lp[fr, fid] = 0.0
-    if len(forced_rows) < len(members):
+        lp[fr, fid] = kept
+    if scores_forced or len(forced_rows) < len(members):
         g.n_scored += 1
     prev = g.score if g.score is not None else torch.zeros(1, device=lp.device)
     V = lp.shape[1]
@@ -76,9 +81,12 @@ def _advance_group(
         if dst is not parent:
             moves.append((dst, parent, 0 if first else g.gen_start))
         ch = f if f is not None else tok.itos[tid]
-        # a composed 上联's search (``SeqSpec.upper_only``) chooses 上联 characters
-        dst.next_role = upper_role(len(state.upper)) if state.phase == "upper" else lower_role(len(state.lower) + 1)
+        # a composed couplet's search (``SeqSpec.composed_search``) chooses 上联 characters
+        # first; once its 上联 is complete the separator is fed next (``ModelRunner._emit``)
+        was_upper = state.phase == "upper"
+        dst.next_role = upper_role(len(state.upper)) if was_upper else lower_role(len(state.lower) + 1)
         state.push(ch)
+        dst.pending_sep = was_upper and state.phase == "lower"
         dst.state, dst.next_id = state, tok.stoi.get(ch, tok.unk_id)
         dst.next_pos = parent.next_pos
         dst.group = g

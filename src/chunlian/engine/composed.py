@@ -5,9 +5,11 @@ ordinary request of the core (``EngineCore``), so that scheduling, deadlines, th
 pool and rescoring work for it as for any 下联:
 
 1. ``upper_search``: a constrained beam of ``UPPER_SEARCH.width`` rows over the *served*
-   (forward) weights writes the 上联 alone under its heads or keyword (``SeqSpec.upper_only``;
-   on the main rows, like greedy work). Its best line is the likeliest 上联 that opens with
-   the name, where greedy decoding commits to its first choice at every step.
+   (forward) weights writes whole couplets under the heads or keyword
+   (``SeqSpec.composed_search``; on the main rows, like greedy work), the name's second head
+   scored where it opens the 下联. The 上联 of its best couplet is kept: the one that leads
+   to the likeliest 下联 under the name, where greedy decoding commits to its first choice at
+   every step and a search of the 上联 alone picks the surname's stock line for every name.
 2. ``answer_request``: that 上联 is answered like any typed one, in the requested quality
    (the best mode's search of the reverse-trained weights and its rescoring, or what ``auto``
    gets at admission), with the name's second head forced at the start of the 下联

@@ -307,8 +307,8 @@ class EngineCore:
         runner (when there is one), the rest on the main runner."""
         if self.search_runner is None:
             return self.runner.step(specs) if specs or decode else []
-        searches = [s for s in specs if s.beam is not None and not s.upper_only]
-        plain = [s for s in specs if s.beam is None or s.upper_only]
+        searches = [s for s in specs if s.beam is not None and not s.composed_search]
+        plain = [s for s in specs if s.beam is None or s.composed_search]
         out: list[SeqOutput] = []
         for runner, new in ((self.runner, plain), (self.search_runner, searches)):
             if new or runner.n_live:

@@ -40,8 +40,12 @@ class SeqSpec:
     scored: bool = True
     beam: BeamParams | None = None  # a beam search over ``beam.width`` rows
     named: bool = False  # the forced heads are a name's (``LineState.named``)
-    # a composed line's search of the 上联 alone (``engine.composed``): it ends there
-    upper_only: bool = False
+
+    @property
+    def composed_search(self) -> bool:
+        """A beam search of a whole composed couplet (``engine.composed``): it runs on the
+        main rows with the served weights, not in the search pool."""
+        return self.beam is not None and self.upper is None
 
     @property
     def rows(self) -> int:
@@ -63,8 +67,6 @@ class SeqSpec:
         """Tokens this sequence will emit (prefill's first one included)."""
         if self.upper is not None:
             return self.upper_len
-        if self.upper_only:
-            return self.upper_len - len(self.prompt_chars)
         return 2 * self.upper_len + 1 - len(self.prompt_chars)  # the SEP is emitted too
 
 
@@ -72,7 +74,7 @@ class SeqSpec:
 class BeamHyp:
     """One final line of a beam: its summed log-probability over the characters the model
     chose (forced ones are not scored) and that sum's mean per scored step. A search of a
-    composed 上联 (``SeqSpec.upper_only``) has its line in ``upper`` and an empty ``lower``."""
+    whole composed couplet (``SeqSpec.composed_search``) has its 上联 in ``upper`` too."""
 
     lower: str
     logprob: float
@@ -100,7 +102,7 @@ def expand(req: CoupletRequest, first_seq_id: int) -> list[SeqSpec]:
     p = req.params
     if p.beam is not None:
         if req.upper is None:
-            return [_upper_search(req, first_seq_id, p.beam)]
+            return [_composed_search(req, first_seq_id, p.beam)]
         return [SeqSpec(seq_id=first_seq_id, style=req.style, upper=req.upper, upper_len=len(req.upper),
                         scored=False, beam=p.beam, lower_forced=_lower_head(req), named=bool(req.heads))]
     specs: list[SeqSpec] = []
@@ -137,12 +139,13 @@ def _lower_head(req: CoupletRequest) -> dict[int, str]:
     return {0: req.heads[1]} if req.heads and len(req.heads) > 1 else {}
 
 
-def _upper_search(req: CoupletRequest, seq_id: int, beam: BeamParams) -> SeqSpec:
-    """A beam search of a composed request's 上联 alone, under its heads or keyword."""
-    upper_forced, _, banned = _composed_heads(req)
+def _composed_search(req: CoupletRequest, seq_id: int, beam: BeamParams) -> SeqSpec:
+    """A beam search of a whole composed couplet under its heads or keyword: the 上联 is
+    chosen with the 下联 it leads to (a name's second head opens that 下联)."""
+    upper_forced, lower_forced, banned = _composed_heads(req)
     return SeqSpec(seq_id=seq_id, style=req.style, upper=None, upper_len=req.length or 7,
-                   upper_forced=upper_forced, upper_banned=banned, scored=False, beam=beam,
-                   named=bool(req.heads), upper_only=True)
+                   upper_forced=upper_forced, lower_forced=lower_forced, upper_banned=banned,
+                   scored=False, beam=beam, named=bool(req.heads))
 
 
 def model_request(req: CoupletRequest) -> CoupletRequest:

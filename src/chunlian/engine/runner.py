@@ -190,7 +190,7 @@ class ModelRunner:
                 state = LineState(
                     style=s.style, upper=chars, upper_len=s.upper_len, phase="upper",
                     upper_forced=s.upper_forced, lower_forced=s.lower_forced, upper_banned=s.upper_banned,
-                    named=s.named, upper_only=s.upper_only,
+                    named=s.named,
                 )
             prompts.append(ids)
             roles.append(rl)
@@ -302,16 +302,16 @@ class ModelRunner:
                 choice[b] = sample_one(logits[b], rows[b].spec, rows[b].gen)
         choice_l = choice.tolist()
         chosen_lp = self._chosen_logprobs(logits, choice, rows, forced)
-        beam_idx = [b for b, r in enumerate(rows) if r.group is not None]
+        beam_idx = [b for b, r in enumerate(rows) if r.group is not None and b not in sep_rows]
         if beam_idx:  # the beams choose together, per request (engine.beams)
             beams.advance(logits, forced, rows, beam_idx, self.rows, self.cache, tok)
         for b, r in enumerate(rows):
             self.tokens_emitted += 1
-            if r.group is not None:
-                continue
             if b in sep_rows:  # the composed 上联 is complete: feed the separator next
                 r.pending_sep = False
                 r.next_id, r.next_role = tok.sep_id, lower_role(0)
+                continue
+            if r.group is not None:
                 continue
             f = forced[b]
             ch = f if f is not None else tok.itos[choice_l[b]]
@@ -372,7 +372,7 @@ def _beam_output(g: BeamGroup) -> SeqOutput:
     """A finished beam search: its best line, with every surviving line best first."""
     assert g.score is not None
     n = max(1, g.n_scored)
-    hyps = tuple(BeamHyp(r.state.lower, sc, sc / n, r.state.upper if r.spec.upper_only else "")
+    hyps = tuple(BeamHyp(r.state.lower, sc, sc / n, r.state.upper if r.spec.composed_search else "")
                  for r, sc in zip(g.rows, g.score.tolist(), strict=True) if math.isfinite(sc))
     best = g.rows[0].state
     return SeqOutput(g.rows[0].spec.seq_id, best.upper, best.lower, hyps[0].logprob_mean, hyps)

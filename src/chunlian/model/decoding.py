@@ -175,12 +175,10 @@ class LineState:
     upper_banned: frozenset[str] = frozenset()
     # the forced heads are a name's: what follows a head may not insult it (``chunlian.names``)
     named: bool = False
-    # a search of the 上联 alone (``engine.composed``): done once the 上联 is complete
-    upper_only: bool = False
 
     @property
     def done(self) -> bool:
-        return self.phase == "lower" and (self.upper_only or len(self.lower) == self.upper_len)
+        return self.phase == "lower" and len(self.lower) == self.upper_len
 
     def next_rule(self, blocklist: Blocklist) -> tuple[str | None, set[str], int, bool]:
         """(forced char, banned chars, wanted tone bias, must be 平/仄 hard) for the next char.
