@@ -158,3 +158,20 @@ def test_redis_stopped_and_restarted_while_serving(
     lines = [r.getMessage() for r in caplog.records if r.name == "chunlian.cache.redis"]
     assert len([m for m in lines if "unreachable" in m]) == 1, lines
     assert len([m for m in lines if "reachable again" in m]) == 1, lines
+
+
+def test_an_idle_upgrade_writes_the_best_answer_of_a_hot_line_to_redis(
+    client: httpx.Client, rds: redis.Redis
+) -> None:
+    line = {"upper": "梅开五福迎新岁", "quality": "fast"}
+    before = set(rds.scan_iter("chunlian:v1:*"))
+    fast = client.post("/v1/couplets", json=line).json()
+    assert fast["cached"] is False
+    assert client.post("/v1/couplets", json=line).json()["cached"] is True  # asked twice, answered fast
+    assert len(set(rds.scan_iter("chunlian:v1:*")) - before) == 1
+    # the engine idles now: the line's best answer appears beside its fast one, in Redis
+    _wait_for(lambda: len(set(rds.scan_iter("chunlian:v1:*")) - before) == 2, 60, "the upgraded answer")
+    assert metric(client, "chunlian_idle_upgrades_total", outcome="upgraded") >= 1
+    best = client.post("/v1/couplets", json=line).json()
+    assert (best["served"], best["cached"]) == ("best", True)
+    assert best["upper"] == fast["upper"] == "梅开五福迎新岁"

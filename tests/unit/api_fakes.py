@@ -96,7 +96,9 @@ class FakeEngine:
 
 def unit_settings(**overrides: object) -> Settings:
     # gc_freeze off: a test process builds many apps, and frozen garbage is never collected
-    base: dict[str, object] = {"warmup": "", "instance_id": "unit-1", "body_limit_bytes": 4096, "gc_freeze": False}
+    # idle_upgrade off: its engine calls would join the ones a test counts (test_idle_upgrade turns it on)
+    base: dict[str, object] = {"warmup": "", "instance_id": "unit-1", "body_limit_bytes": 4096, "gc_freeze": False,
+                               "idle_upgrade": False}
     base.update(overrides)
     return load_settings(**base)
 

@@ -154,6 +154,15 @@ class ServiceMetrics:
             "chunlian_engine_step_seconds", "Wall time of each engine step.",
             buckets=STEP_BUCKETS, registry=r,
         )
+        self.idle_upgrades = Counter(
+            "chunlian_idle_upgrades", "Idle upgrades of hot lines by outcome: upgraded (best answer cached), "
+            "yielded (gave way to live work), skipped (already cached or stepped down), failed.",
+            ["outcome"], registry=r,
+        )
+        for outcome in ("upgraded", "yielded", "skipped", "failed"):
+            self.idle_upgrades.labels(outcome)
+        self.hot_lines = Gauge("chunlian_hot_lines", "Lines asked more than once still waiting for an idle upgrade.",
+                               registry=r)
         self.ready = Gauge("chunlian_ready", "1 once the model is loaded and warm-up is done.", registry=r)
         self.redis_up: Gauge | None = None
         if redis_configured:
@@ -186,6 +195,10 @@ class ServiceMetrics:
     def on_answer(self, served: str, cached: bool) -> None:
         """Count one answer by the mode that wrote it."""
         self.answers.labels(served, "cache" if cached else "engine").inc()
+
+    def on_upgrade(self, outcome: str) -> None:
+        """Count one idle upgrade by what came of it."""
+        self.idle_upgrades.labels(outcome).inc()
 
     def on_cache_lookup(self, store: str, result: str) -> None:
         """Count one cache lookup (``result``: hit, miss or error)."""

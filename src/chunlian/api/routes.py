@@ -142,7 +142,7 @@ async def couplet_reply(
     if answer is None:
         answer = await generate_for_client(receive, svc, req, regenerate=body.regenerate,
                                            arrival_s=arrival_s)
-    return json_bytes(couplet_json(svc.count(answer), svc.model_tag, body.n))
+    return json_bytes(couplet_json(svc.count(answer, req), svc.model_tag, body.n))
 
 
 async def _couplet_route(body: CoupletIn | ComposeIn, request: Request) -> Response:
@@ -166,13 +166,14 @@ async def compose_couplet(body: ComposeIn, request: Request) -> Response:
 async def _batch_item(svc: CoupletService, item: object) -> dict[str, Any]:
     try:
         parsed = parse_item(item)
-        answer = await svc.answer(parsed.to_request(priority="bulk"), regenerate=parsed.regenerate)
+        req = parsed.to_request(priority="bulk")
+        answer = await svc.answer(req, regenerate=parsed.regenerate)
     except ValidationError as e:
         code, message, field = validation_detail(list(e.errors()))
         return error_body(code, message, field)
     except ChunlianError as e:
         return error_body(*describe(e))
-    return couplet_json(svc.count(answer), svc.model_tag, parsed.n)
+    return couplet_json(svc.count(answer, req), svc.model_tag, parsed.n)
 
 
 @router.post("/v1/couplets/batch", response_model=BatchOut, tags=["couplets"],

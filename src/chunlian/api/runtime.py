@@ -19,8 +19,10 @@ import logging
 import time
 
 from chunlian.api.drain import Drain
+from chunlian.api.hotlines import HotLines
 from chunlian.api.metrics import ServiceMetrics
 from chunlian.api.service import CoupletService
+from chunlian.api.upgrade import IdleUpgrade
 from chunlian.api.warmup import warm_local
 from chunlian.cache import RedisStore, ResultCache, build_cache
 from chunlian.config import Settings
@@ -63,6 +65,7 @@ class Runtime:
         self.metrics.init_cache_stores(s.name for s in self.cache.stores)
         self.engine: EngineClient | None = engine
         self.service: CoupletService | None = None
+        self.upgrade: IdleUpgrade | None = None  # the idle upgrade of hot lines (api.upgrade)
         self.ready = False
         self.drain = Drain()
         self.failed: str | None = None
@@ -103,9 +106,15 @@ class Runtime:
         engine = self.engine
         self.metrics.bind_engine(engine, self.settings.resolved_device())
         engine.add_step_listener(self.metrics.on_step)
+        width = _composed_width(self.settings)
+        hot = HotLines(self.settings.hot_lines) if self.settings.idle_upgrade and width > 0 else None
         self.service = CoupletService(engine, self.cache, self.settings.default_timeout_ms / 1000.0,
                                       self.settings.rules_tag, on_answer=self.metrics.on_answer,
-                                      composed_width=_composed_width(self.settings))
+                                      composed_width=width, hot=hot)
+        if hot is not None:
+            self.upgrade = IdleUpgrade(self.service, hot, self.settings.idle_upgrade_after_ms / 1000.0,
+                                       on_outcome=self.metrics.on_upgrade)
+            self.metrics.hot_lines.set_function(lambda: hot.pending)
 
     def start_background(self) -> None:
         """Run ``bring_up`` as a task; readiness follows it."""
@@ -131,6 +140,8 @@ class Runtime:
             log.exception("start-up failed; the instance stays not ready")
             return
         self.set_ready(True)
+        if self.upgrade is not None:
+            self.upgrade.start()
         if self.drain.draining:
             self.metrics.ready.set(0)
         log.info("ready: model %s, instance %s", self.model_tag, self.settings.instance_id)
@@ -147,6 +158,8 @@ class Runtime:
             self._bring_up.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._bring_up
+        if self.upgrade is not None:
+            await self.upgrade.stop()
         if self.engine is not None and self._started:
             try:
                 await self.engine.stop()

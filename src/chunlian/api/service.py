@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from chunlian.api.hotlines import HotLines
 from chunlian.cache import ResultCache, cache_key
 from chunlian.config import EngineSettings
 from chunlian.engine.client import EngineClient
@@ -40,6 +41,9 @@ LOOKUP: dict[Quality, tuple[Served, ...]] = {
     "best": ("best",), "auto": ("best", "good", "fast"), "fast": ("best", "good", "fast"),
 }
 AnswerHook = Callable[[Served, bool], None]  # (served, cached): metrics
+# an idle upgrade's deadline (``api.upgrade``): it runs at bulk priority on an idle engine,
+# and gives way to live work by being cancelled, not by its deadline
+UPGRADE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,16 @@ class CoupletService:
     """Cache lookups and engine generation for the HTTP routes and warm-up."""
 
     def __init__(self, engine: EngineClient, cache: ResultCache, default_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 rules_tag: str = "", on_answer: AnswerHook | None = None, composed_width: int = 0) -> None:
+                 rules_tag: str = "", on_answer: AnswerHook | None = None, composed_width: int = 0,
+                 hot: HotLines | None = None) -> None:
         self.engine = engine
+        # the lines answered below the best mode, for the idle upgrade (``api.upgrade``);
+        # None: not noted
+        self.hot = hot if composed_width > 0 else None
+        # live generations in flight, and what to call when one starts (the idle upgrade
+        # gives way)
+        self.live = 0
+        self.on_live: Callable[[], None] | None = None
         # > 0: the engine has the quality modes, and composed couplets in best or auto are
         # written in two stages, the 上联 searched at this width (``engine.composed``)
         self.composed_width = composed_width
@@ -86,11 +98,34 @@ class CoupletService:
             return False
         return req.quality != "auto" or self.engine.stats.queue_depth == 0
 
-    def count(self, answer: Answer) -> Answer:
-        """Report ``answer`` to the metrics hook; returns it."""
+    def count(self, answer: Answer, req: CoupletRequest | None = None) -> Answer:
+        """Report ``answer`` (to ``req``) to the metrics hook, and note ``req`` as a hot
+        line when the best mode could answer it and did not; returns ``answer``."""
         if self.on_answer is not None:
             self.on_answer(answer.result.served, answer.cached)
+        if self.hot is not None and req is not None and answer.result.served != "best" \
+                and "best" in self._served_keys(req):
+            self.hot.asked(self._key(req, "best"), req)
         return answer
+
+    async def upgrade(self, req: CoupletRequest) -> bool:
+        """Write ``req``'s best answer and cache it under the best mode's key, at bulk
+        priority (the idle upgrade: ``api.upgrade``). False when it is cached already
+        (another instance sharing Redis upgraded it) or the engine stepped it down."""
+        key = self._key(req, "best")
+        if await self.cache.contains(key):
+            return False
+        best = replace(req, quality="best", priority="bulk", timeout_s=UPGRADE_TIMEOUT_S)
+        if wants_search(best):
+            result = await generate_composed(self.engine.generate, best, self.composed_width)
+        else:
+            result = await self.engine.generate(best)
+        if result.served != "best":
+            return False
+        await self.cache.put(key, result)
+        if self.hot is not None:
+            self.hot.upgraded(key)
+        return True
 
     @property
     def model_tag(self) -> str:
@@ -141,6 +176,15 @@ class CoupletService:
         return Answer(result, False)
 
     async def _generate(self, req: CoupletRequest, regenerate: bool) -> CoupletResult:
+        self.live += 1
+        if self.on_live is not None:
+            self.on_live()
+        try:
+            return await self._generate_live(req, regenerate)
+        finally:
+            self.live -= 1
+
+    async def _generate_live(self, req: CoupletRequest, regenerate: bool) -> CoupletResult:
         if regenerate:
             fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
             return await self.engine.generate(fresh)

@@ -66,6 +66,14 @@ class ResultCache:
             return result
         return None
 
+    async def contains(self, key: str) -> bool:
+        """Whether any available store holds ``key`` (not counted as a lookup, nothing copied)."""
+        for store in self.stores:
+            with contextlib.suppress(CacheUnavailable):
+                if await store.get(key) is not None:
+                    return True
+        return False
+
     async def put(self, key: str, result: CoupletResult) -> None:
         """Store ``result`` under ``key`` in every store that is available."""
         text = encode_result(result)

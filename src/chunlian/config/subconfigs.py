@@ -249,6 +249,15 @@ class CacheSettings(SubConfig):
     """How long cached answers live (in-process and Redis)."""
     redis_url: str | None = None
     """Shared result cache, e.g. `redis://127.0.0.1:6379/0`; unset: in-process cache only."""
+    # api.upgrade: lines asked more than once whose cached answer is not the best mode's
+    # are re-answered in the best mode while the engine idles (cancelled the moment live
+    # work arrives); needs the quality modes (beam_rows > 0)
+    idle_upgrade: bool = True
+    """While the engine idles, re-answer in the best mode the lines asked more than once whose cached answer is not the best mode's (most asked first), and cache that answer."""
+    idle_upgrade_after_ms: float = Field(200.0, gt=0, le=60_000)
+    """How long the engine must have been idle (no live or queued request) before an idle upgrade starts."""
+    hot_lines: int = Field(10_000, ge=1, le=10_000_000)
+    """Lines the idle upgrade keeps count of (the least asked half is forgotten when full)."""
 
     @field_validator("redis_url")
     @classmethod
