@@ -69,10 +69,12 @@ FESTIVE_BANNED_CHARS = frozenset("恨愁悲泪血哀怨伤殇哭泣痛惨孤寡�
 # mock a surname or make it someone else's: 刘伶 the drunkard, 梁上 (君子, the thief), 冯唐
 # (易老, the talent never used), 王母 (the goddess); and the famous people a surname opens
 # (李白, 韩信, 吕布, 阎罗, 孙行者, 郑板桥), whose lines the model writes for every name of
-# that surname and which are then about them, and 熊市 (a bear market)
+# that surname and which are then about them, and 熊市 (a bear market); 出墙 (红杏出墙: a
+# wife's infidelity) and 伟人 (the Great Man: what the model opens 伟's 下联 with, read as
+# grandiose or as Mao)
 FESTIVE_BANNED_TERMS = frozenset([
     "无常", "花已", "已落", "花落", "落花", "寂寞", "白发", "颜老", "风老", "人老", "无力", "生死",
-    "千古", "风流", "刘伶", "梁上", "冯唐", "王母", "陈年旧",
+    "千古", "风流", "刘伶", "梁上", "冯唐", "王母", "陈年旧", "出墙", "伟人",
     *["李白", "杜甫", "王维", "苏轼", "贾岛", "陶潜", "屈原", "韩信", "吕布", "孟德", "曹操", "刘邦",
       "项羽", "孙权", "周瑜", "关羽", "岳飞", "秦桧", "董卓", "潘安", "潘金", "西门", "高俅", "和珅",
       "严嵩", "赵高", "包拯", "宋江", "武松", "阎罗", "孙行", "冯夷", "尹文", "董老", "郑板", "袁安",

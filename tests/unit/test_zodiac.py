@@ -38,9 +38,11 @@ def test_animals_of_years_and_the_campaign_year() -> None:
 
 def test_off_year_terms_spare_the_year_and_the_one_it_follows() -> None:
     terms = off_year_terms(2027)
-    assert {"猴年", "金猴", "蛇岁", "犬年", "狗岁", "金龙"} <= terms
-    assert not {"羊年", "羊岁", "金羊", "马年", "马岁", "金马"} & terms  # 2027 Goat, 2026 Horse
-    assert len(terms) == 3 * 11  # ten animals and the Dog's alias, three patterns each
+    assert {"猴年", "金猴", "蛇岁", "犬年", "狗岁", "金龙", "辰年", "申年"} <= terms
+    assert not {"羊年", "羊岁", "金羊", "马年", "马岁", "金马", "未年", "午年"} & terms  # 2027 Goat, 2026 Horse
+    assert "子年" not in terms  # 学子年年
+    # ten animals and the Dog's alias, three patterns each; the branches of nine (not 子)
+    assert len(terms) == 3 * 11 + 9
     assert with_zodiac(default_blocklist(), None) is default_blocklist()
 
 
@@ -111,6 +113,6 @@ def test_one_blocklist_object_per_year() -> None:
 
 def test_a_composed_couplet_names_the_year_by_its_own_animal_only() -> None:
     terms = composed_terms(2027)
-    assert {"马岁", "马年", "金马", "马迎春", "玉兔", "大圣", "猴日", "犬迎春"} <= terms
+    assert {"马岁", "马年", "午年", "金马", "马迎春", "玉兔", "大圣", "猴日", "犬迎春"} <= terms
     assert not any("羊" in t for t in terms)
     assert with_zodiac(default_blocklist(), 2027).zodiac_year == 2027

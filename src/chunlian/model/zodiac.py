@@ -3,9 +3,9 @@
 The corpora hold couplets written for many New Years, so the model happily writes 金猴献岁
 (the Monkey's year) or 蛇岁迎春 for any 上联: on the validation split 186 of 2,000 greedy
 下联 held a zodiac animal, and lines such as 紫燕迎春 -> 金猴献岁 name the wrong year for a
-2027 campaign (the Goat's). So the terms that name a year by its animal - ``A年``, ``A岁``
-and the epithet ``金A`` - are banned in generated text for every animal but the campaign
-year's and the year it follows (辞旧迎新: 欢送马年 -> 喜迎羊岁), through the same machinery
+2027 campaign (the Goat's). So the terms that name a year by its animal - ``A年``, ``A岁``,
+the epithet ``金A`` and its earthly branch's year (辰年 for 龙年) - are banned in generated text
+for every animal but the campaign year's and the year it follows (辞旧迎新: 欢送马年 -> 喜迎羊岁), through the same machinery
 as the safety blocklist (``model.decoding``: bans at every step, lookahead included).
 
 A composed couplet (a name's, ``with_composed``) is stricter: it names the year only by its
@@ -25,7 +25,10 @@ from functools import lru_cache
 
 from chunlian.data.blocklist import Blocklist
 
-ANIMALS = "鼠牛虎兔龙蛇马羊猴鸡狗猪"  # 子丑寅卯辰巳午未申酉戌亥; 2020 was a Rat year
+ANIMALS = "鼠牛虎兔龙蛇马羊猴鸡狗猪"  # 2020 was a Rat year
+# each animal's earthly branch: 辰年 is the Dragon's year as 龙年 is; 子 is left out, as 子年
+# is mostly 学子年年, 赤子年华
+BRANCHES = dict(zip(ANIMALS, " 丑寅卯辰巳午未申酉戌亥", strict=True))
 ALIASES = {"狗": "犬"}  # 犬年, 犬岁, 金犬 name the Dog's year too
 YEAR_PATTERNS = ("{}年", "{}岁", "金{}")
 
@@ -45,8 +48,9 @@ def off_year_terms(year: int) -> frozenset[str]:
     """Terms naming a zodiac year other than ``year``'s and the year before it."""
     allowed = {animal(year), animal(year - 1)}
     names = [a for a in ANIMALS if a not in allowed]
+    branches = [BRANCHES[a] + "年" for a in names if BRANCHES[a] != " "]
     names += [ALIASES[a] for a in names if a in ALIASES]
-    return frozenset(p.format(a) for a in names for p in YEAR_PATTERNS)
+    return frozenset([p.format(a) for a in names for p in YEAR_PATTERNS] + branches)
 
 
 @lru_cache(maxsize=8)  # one object per (list, year): its indexes (``model.decoding``) are built once
@@ -69,7 +73,7 @@ def composed_terms(year: int) -> frozenset[str]:
     prev = animal(year - 1)
     others = [a for a in ANIMALS if a != animal(year)]
     others += [ALIASES[a] for a in others if a in ALIASES]
-    terms = {p.format(prev) for p in YEAR_PATTERNS}
+    terms = {p.format(prev) for p in YEAR_PATTERNS} | {BRANCHES[prev] + "年"}
     terms |= {p.format(a) for a in others for p in GREETING_PATTERNS}
     terms |= {e for a in others for e in EPITHETS.get(a, ())}
     return frozenset(terms)
