@@ -30,11 +30,12 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from quality_serving import Client, once
+from quality_serving import Client, arrivals
 
 from chunlian.bench.common import percentile
 from chunlian.bench.sweep import run_server
@@ -60,20 +61,6 @@ class Trace:
         return {"upper": next(self.fresh), "quality": "fast"}
 
 
-async def open_loop(http: Client, make: Any, rate_per_s: float, duration_s: float,
-                    seed: int) -> list[tuple[float, int, str]]:
-    """Poisson arrivals of ``make()`` bodies; every answer awaited."""
-    rng = random.Random(seed)
-    tasks: list[asyncio.Task[tuple[float, int, str]]] = []
-    t0 = time.perf_counter()
-    at = t0
-    while at < t0 + duration_s:
-        at += rng.expovariate(rate_per_s)
-        await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        tasks.append(asyncio.ensure_future(once(http, make())))
-    return list(await asyncio.gather(*tasks))
-
-
 def served_share(results: list[tuple[float, int, str]]) -> dict[str, Any]:
     ok = [s for _, code, s in results if code == 200]
     counts = Counter(ok)
@@ -96,11 +83,11 @@ def upgrade_counters(url: str) -> dict[str, float]:
 
 async def replay(url: str, trace: Trace, args: argparse.Namespace) -> dict[str, Any]:
     http = Client(url)
-    evening = await open_loop(http, trace.body, args.peak_rate, args.peak_s, 1)
-    quiet_task = asyncio.ensure_future(open_loop(http, trace.body, args.quiet_rate, args.quiet_s, 2))
-    probes = await open_loop(http, trace.probe, args.probe_rate, args.quiet_s, 3)
+    evening = await arrivals(http, trace.body, args.peak_rate, args.peak_s, 1)
+    quiet_task = asyncio.ensure_future(arrivals(http, trace.body, args.quiet_rate, args.quiet_s, 2))
+    probes = await arrivals(http, trace.probe, args.probe_rate, args.quiet_s, 3)
     quiet = await quiet_task
-    peak = await open_loop(http, trace.body, args.peak_rate, args.peak_s, 4)
+    peak = await arrivals(http, trace.body, args.peak_rate, args.peak_s, 4)
     return {"evening": served_share(evening), "quiet": served_share(quiet), "fast_probes": latency(probes),
             "peak": served_share(peak), "idle_upgrades": upgrade_counters(url)}
 
@@ -130,8 +117,8 @@ def main() -> None:
             runs.append({"idle_upgrade": on, **rep})
             print(json.dumps(runs[-1], ensure_ascii=False), flush=True)
 
-    def mean(on: bool, pick: Any) -> float:
-        vals = [pick(x) for x in runs if x["idle_upgrade"] == on]
+    def mean(on: bool, pick: Callable[[dict[str, Any]], float]) -> float:
+        vals = [float(pick(x)) for x in runs if x["idle_upgrade"] == on]
         return sum(vals) / len(vals)
 
     off_p99, on_p99 = (mean(o, lambda x: x["fast_probes"]["p99_ms"]) for o in (False, True))

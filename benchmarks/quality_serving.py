@@ -25,6 +25,7 @@ import random
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,18 +115,25 @@ async def closed_loop(http: Client, lines: Lines, quality: str, clients: int,
     return summary(results, time.perf_counter() - t0)
 
 
-async def open_loop(http: Client, lines: Lines, quality: str, rate_per_s: float,
-                    duration_s: float) -> dict[str, Any]:
-    """Poisson arrivals at ``rate_per_s`` for ``duration_s``; waits for every answer."""
-    rng = random.Random(11)
+async def arrivals(http: Client, make: Callable[[], dict[str, Any]], rate_per_s: float, duration_s: float,
+                   seed: int = 11) -> list[tuple[float, int, str]]:
+    """Poisson arrivals of ``make()`` bodies at ``rate_per_s`` for ``duration_s``, each on
+    a connection of its own; every answer awaited."""
+    rng = random.Random(seed)
     tasks: list[asyncio.Task[tuple[float, int, str]]] = []
     t0 = time.perf_counter()
     at = t0
     while at < t0 + duration_s:
         at += rng.expovariate(rate_per_s)
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        tasks.append(asyncio.ensure_future(once(http, lines.body(quality))))
-    results = list(await asyncio.gather(*tasks))
+        tasks.append(asyncio.ensure_future(once(http, make())))
+    return list(await asyncio.gather(*tasks))
+
+
+async def open_loop(http: Client, lines: Lines, quality: str, rate_per_s: float,
+                    duration_s: float) -> dict[str, Any]:
+    """Poisson arrivals at ``rate_per_s`` for ``duration_s``; waits for every answer."""
+    results = await arrivals(http, lambda: lines.body(quality), rate_per_s, duration_s)
     return {**summary(results, duration_s), "offered_per_s": round(rate_per_s, 2)}
 
 
