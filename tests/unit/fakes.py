@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import threading
 
+from chunlian.engine.config import EngineConfig
+from chunlian.engine.engine import Engine
 from chunlian.engine.request import SeqOutput, SeqSpec
 
 
@@ -74,3 +76,10 @@ class FakeRunner:
             if i in self.live:
                 del self.live[i]
                 self.released.append(i)
+
+
+def small_fake_engine() -> tuple[Engine, FakeRunner]:
+    """An in-process engine of 4 rows and an 8-request queue over a ``FakeRunner``."""
+    config = EngineConfig(max_batch_size=4, max_wait_ms=0, max_queue_size=8)
+    runner = FakeRunner(capacity=4)
+    return Engine(config, runner, None, "fake@1"), runner

@@ -109,7 +109,7 @@ async def test_a_vulgar_head_gets_a_422_naming_the_field(name: str) -> None:
         assert h.engine.calls == []
 
 
-async def test_batch_and_jobs_take_composed_items_in_best() -> None:
+async def test_the_batch_endpoint_takes_composed_items_in_best() -> None:
     async with running_app() as h:
         r = await h.client.post("/v1/couplets/batch", json={"items": [
             {"heads": "王秀英", "quality": "best"}, {"keyword": "新春", "quality": "fast"}]})

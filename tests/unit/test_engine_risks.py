@@ -15,18 +15,11 @@ from chunlian.api.service import CoupletService
 from chunlian.cache import MemoryStore, ResultCache
 from chunlian.engine import engine as engine_mod
 from chunlian.engine.config import EngineConfig
-from chunlian.engine.engine import Engine
 from chunlian.engine.scheduler import Hopeless, SchedRequest, Scheduler, SchedulerConfig
 from chunlian.errors import DeadlineExceeded, EngineStopped
 from chunlian.types import CoupletRequest
 from tests.unit.api_fakes import FakeEngine
-from tests.unit.fakes import FakeRunner
-
-
-def _engine() -> tuple[Engine, FakeRunner]:
-    config = EngineConfig(max_batch_size=4, max_wait_ms=0, max_queue_size=8)
-    runner = FakeRunner(capacity=4)
-    return Engine(config, runner, None, "fake@1"), runner
+from tests.unit.fakes import FakeRunner, small_fake_engine
 
 
 async def test_an_answer_finished_just_after_its_504_is_cached_for_the_retry(
@@ -34,7 +27,7 @@ async def test_an_answer_finished_just_after_its_504_is_cached_for_the_retry(
     from chunlian.engine import scheduler
 
     monkeypatch.setattr(scheduler, "RUNNING_GRACE_S", 5.0)  # a loaded test machine is slow
-    eng, runner = _engine()
+    eng, runner = small_fake_engine()
     runner.gate = threading.Event()
     await eng.start()
     try:
@@ -72,7 +65,7 @@ async def test_searched_answers_are_keyed_by_the_search_weights_too() -> None:
 async def test_stop_never_touches_the_core_from_the_event_loop_while_a_step_runs(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(engine_mod, "JOIN_LIMIT_S", 0.1)
-    eng, runner = _engine()
+    eng, runner = small_fake_engine()
     runner.gate = threading.Event()
     callers: list[str] = []
     fail_all = eng.core.fail_all

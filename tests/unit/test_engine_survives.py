@@ -11,10 +11,9 @@ import pytest
 
 from chunlian.config import load_settings
 from chunlian.engine.config import EngineConfig
-from chunlian.engine.engine import Engine
 from chunlian.errors import ConfigError, ModelError
 from chunlian.types import CoupletRequest
-from tests.unit.fakes import FakeRunner
+from tests.unit.fakes import small_fake_engine
 
 
 @pytest.mark.parametrize("rows", [1, 16, 31])
@@ -38,14 +37,8 @@ def test_a_service_with_a_16_row_search_pool_refuses_to_start_with_a_clear_messa
     assert "Traceback" not in proc.stderr
 
 
-def _engine() -> tuple[Engine, FakeRunner]:
-    config = EngineConfig(max_batch_size=4, max_wait_ms=0, max_queue_size=8)
-    runner = FakeRunner(capacity=4)
-    return Engine(config, runner, None, "fake@1"), runner
-
-
 async def test_an_unexpected_exception_at_admission_fails_that_request_and_the_engine_serves_on() -> None:
-    eng, _ = _engine()
+    eng, _ = small_fake_engine()
     await eng.start()
     add = eng.scheduler.add
 
@@ -65,7 +58,7 @@ async def test_an_unexpected_exception_at_admission_fails_that_request_and_the_e
 
 
 async def test_an_unexpected_exception_in_a_step_fails_its_requests_and_the_engine_serves_on() -> None:
-    eng, runner = _engine()
+    eng, runner = small_fake_engine()
     await eng.start()
     plan = eng.scheduler.plan
     calls = {"n": 0}

@@ -169,7 +169,7 @@ def test_a_bulk_search_kept_out_of_the_search_pool_steps_down_to_fast_after_a_bo
     assert s.live_search_rows == 64  # the interactive searches kept the whole pool
 
 
-def test_a_bulk_search_is_never_refused_as_unreachable_it_steps_down_instead() -> None:
+def test_a_bulk_search_past_its_time_estimate_is_queued_not_refused() -> None:
     s = sched(beam_rows=32)
     s.service_s["best"] = 1.0
     s.add(req(1, "best", deadline=5.0))
