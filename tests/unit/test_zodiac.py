@@ -39,10 +39,11 @@ def test_animals_of_years_and_the_campaign_year() -> None:
 def test_off_year_terms_spare_the_year_and_the_one_it_follows() -> None:
     terms = off_year_terms(2027)
     assert {"猴年", "金猴", "蛇岁", "犬年", "狗岁", "金龙", "辰年", "申年"} <= terms
-    assert not {"羊年", "羊岁", "金羊", "马年", "马岁", "金马", "未年", "午年"} & terms  # 2027 Goat, 2026 Horse
+    assert not {"羊年", "羊岁", "金羊", "马年", "金马", "未年", "午年"} & terms  # 2027 Goat, 2026 Horse
+    assert "马岁" in terms  # the year before may leave (马年), never be greeted as the year
     assert "子年" not in terms  # 学子年年
-    # ten animals and the Dog's alias, three patterns each; the branches of nine (not 子)
-    assert len(terms) == 3 * 11 + 9
+    # ten animals and the Dog's alias, three patterns each; the branches of nine (not 子); 马岁
+    assert len(terms) == 3 * 11 + 9 + 1
     assert with_zodiac(default_blocklist(), None) is default_blocklist()
 
 

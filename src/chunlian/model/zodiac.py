@@ -5,8 +5,9 @@ The corpora hold couplets written for many New Years, so the model happily write
 下联 held a zodiac animal, and lines such as 紫燕迎春 -> 金猴献岁 name the wrong year for a
 2027 campaign (the Goat's). So the terms that name a year by its animal - ``A年``, ``A岁``,
 the epithet ``金A`` and its earthly branch's year (辰年 for 龙年) - are banned in generated text
-for every animal but the campaign year's and the year it follows (辞旧迎新: 欢送马年 -> 喜迎羊岁), through the same machinery
-as the safety blocklist (``model.decoding``: bans at every step, lookahead included).
+for every animal but the campaign year's and the year it follows (辞旧迎新: 欢送马年 -> 喜迎羊岁);
+the year it follows is never greeted as the year (马岁, which blind readers reject). Through the
+same machinery as the safety blocklist (``model.decoding``: bans at every step, lookahead included).
 
 A composed couplet (a name's, ``with_composed``) is stricter: it names the year only by its
 own animal. The previous year's animal may go (马去羊来) but is never the year's (马岁, 马年),
@@ -45,12 +46,14 @@ def campaign_year(today: dt.date) -> int:
 
 
 def off_year_terms(year: int) -> frozenset[str]:
-    """Terms naming a zodiac year other than ``year``'s and the year before it."""
-    allowed = {animal(year), animal(year - 1)}
-    names = [a for a in ANIMALS if a not in allowed]
+    """Terms naming a zodiac year other than ``year``'s and the year before it, and the
+    year before it greeted as the year (马岁: 欢送马年 -> 喜迎羊岁 stays, 马岁小康 does not)."""
+    prev = animal(year - 1)
+    names = [a for a in ANIMALS if a not in {animal(year), prev}]
     branches = [BRANCHES[a] + "年" for a in names if BRANCHES[a] != " "]
     names += [ALIASES[a] for a in names if a in ALIASES]
-    return frozenset([p.format(a) for a in names for p in YEAR_PATTERNS] + branches)
+    greeted = [f"{prev}岁"] + ([f"{ALIASES[prev]}岁"] if prev in ALIASES else [])
+    return frozenset([p.format(a) for a in names for p in YEAR_PATTERNS] + branches + greeted)
 
 
 @lru_cache(maxsize=8)  # one object per (list, year): its indexes (``model.decoding``) are built once
