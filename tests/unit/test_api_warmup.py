@@ -14,26 +14,26 @@ from tests.unit.api_fakes import running_app
 def test_short_entries_are_keywords_long_ones_upper_lines() -> None:
     bodies = warmup_bodies(["新春", " 福 ", "恭喜发财", "春回大地千山秀", "", "平安"])
     assert bodies == [
-        {"keyword": "新春", "length": 7, "style": "traditional", "n": 4},
-        {"keyword": "新春", "length": 5, "style": "traditional", "n": 4},
-        {"keyword": "福", "length": 7, "style": "traditional", "n": 4},
-        {"keyword": "福", "length": 5, "style": "traditional", "n": 4},
-        {"keyword": "恭喜发财", "length": 7, "style": "traditional", "n": 4},
-        {"keyword": "恭喜发财", "length": 5, "style": "traditional", "n": 4},
-        {"upper": "春回大地千山秀", "style": "traditional", "n": 4, "quality": "best"},
-        {"keyword": "平安", "length": 7, "style": "traditional", "n": 4},
-        {"keyword": "平安", "length": 5, "style": "traditional", "n": 4},
+        {"keyword": "新春", "length": 7, "style": "traditional", "n": 4, "timeout_ms": 60_000},
+        {"keyword": "新春", "length": 5, "style": "traditional", "n": 4, "timeout_ms": 60_000},
+        {"keyword": "福", "length": 7, "style": "traditional", "n": 4, "timeout_ms": 60_000},
+        {"keyword": "福", "length": 5, "style": "traditional", "n": 4, "timeout_ms": 60_000},
+        {"keyword": "恭喜发财", "length": 7, "style": "traditional", "n": 4, "timeout_ms": 60_000},
+        {"keyword": "恭喜发财", "length": 5, "style": "traditional", "n": 4, "timeout_ms": 60_000},
+        {"upper": "春回大地千山秀", "style": "traditional", "n": 4, "timeout_ms": 60_000, "quality": "best"},
+        {"keyword": "平安", "length": 7, "style": "traditional", "n": 4, "timeout_ms": 60_000},
+        {"keyword": "平安", "length": 5, "style": "traditional", "n": 4, "timeout_ms": 60_000},
     ]
 
 
 def test_names_are_composed_in_the_best_mode_as_the_page_asks() -> None:
     assert warmup_bodies(["name:王秀英", " name: 李 明 ", "name:"])[:2] == [
-        {"heads": "王秀英", "length": 7, "style": "traditional", "n": 4, "quality": "best"},
-        {"heads": "李明", "length": 7, "style": "traditional", "n": 4, "quality": "best"},
+        {"heads": "王秀英", "length": 7, "style": "traditional", "n": 4, "timeout_ms": 60_000, "quality": "best"},
+        {"heads": "李明", "length": 7, "style": "traditional", "n": 4, "timeout_ms": 60_000, "quality": "best"},
     ]
     reqs = warmup_requests(["name:王秀英", "name:丹丹", "name:Wang", "name:"])
-    assert [(r.heads, r.length, r.quality, r.params.n) for r in reqs] == [
-        ("秀英", 7, "best", 4), ("丹丹", 7, "best", 4)]
+    assert [(r.heads, r.length, r.quality, r.params.n, r.timeout_s) for r in reqs] == [
+        ("秀英", 7, "best", 4, 60.0), ("丹丹", 7, "best", 4, 60.0)]  # warm-up waits its turn
 
 
 def test_bad_entries_are_skipped_not_fatal() -> None:
@@ -115,7 +115,7 @@ async def test_warmup_remote_waits_out_refusals_and_sends_items_refused_for_load
         report = await warmup_remote("http://unit", entries, client=client, sleep=sleep)
     assert [len(s) for s in sent] == [5, 5, 2, 1]
     assert [b["upper"] for b in sent[2]] == ["一帆风顺年年好", "爆竹声中辞旧岁"]
-    assert sent[3] == [{"upper": "一帆风顺年年好", "style": "traditional", "n": 4, "quality": "best"}]
+    assert sent[3] == [{"upper": "一帆风顺年年好", "style": "traditional", "n": 4, "timeout_ms": 60_000, "quality": "best"}]
     assert waits == [3.0, 2.0, 4.0]  # Retry-After, then the doubling back-off of tries 1 and 2
     assert (report.ok, report.failed) == (4, 1) and report.errors == ["invalid_input: invalid_input!"]
 
