@@ -183,3 +183,13 @@ def test_a_searchs_several_lines_differ_from_each_other_first() -> None:
     assert [o.lower for o in diverse(outs, 3)] == ["英雄伟业国威扬", "英才辈出迎新岁", "英姿飒爽展宏图"]
     # too few unlike lines: the rest follow in rank order
     assert [o.lower for o in diverse(outs, 5)] == [lines[0], lines[2], lines[4], lines[1], lines[3]]
+
+
+def test_a_name_whose_second_character_the_model_lacks_is_searched_like_any_other(gen: OfflineGenerator) -> None:
+    # 赟 is outside the vocabulary: the rules mask <unk>, and a scored forced head would
+    # leave every beam at -inf; it costs nothing instead, as a forced character elsewhere
+    out = gen.run([CoupletRequest(heads="王赟", length=7, params=DecodeParams(beam=UPPER_SEARCH)),
+                   CoupletRequest(heads="王伟", length=7, params=DecodeParams(beam=UPPER_SEARCH))])
+    for o, second in zip(out, "赟伟", strict=True):
+        assert o.result is not None, o.error
+        assert o.beams and all(h.lower[0] == second and h.upper[0] == "王" for h in o.beams)

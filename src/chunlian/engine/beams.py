@@ -56,7 +56,8 @@ def _advance_group(
     if forced_rows:
         fr = torch.tensor(forced_rows, device=lp.device)
         fid = torch.tensor([tok.stoi.get(forced[k] or "", tok.unk_id) for k in forced_rows], device=lp.device)
-        kept = lp[fr, fid] if scores_forced else 0.0
+        # a head the rules mask (outside the vocabulary: <unk>) costs nothing, as elsewhere
+        kept = lp[fr, fid].nan_to_num(neginf=0.0) if scores_forced else 0.0
         lp[fr] = float("-inf")
         lp[fr, fid] = kept
     if scores_forced or len(forced_rows) < len(members):
