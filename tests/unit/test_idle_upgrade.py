@@ -145,3 +145,54 @@ async def test_the_hot_lines_gauge_counts_lines_waiting_for_an_upgrade() -> None
             await h.client.post("/v1/couplets", json={"upper": upper})
         gauge = metric(parse_metrics((await h.client.get("/metrics")).text), "chunlian_hot_lines")
         assert gauge == 2.0
+
+
+class QueuesFirst(FakeEngine):
+    """A request waits in the queue for its batch (``queue_depth`` counts it) before it runs."""
+
+    async def generate(self, req: CoupletRequest) -> CoupletResult:
+        self.stats.queue_depth += 1
+        try:
+            await asyncio.sleep(0.05)  # five of the upgrade's polls
+        finally:
+            self.stats.queue_depth -= 1
+        return await super().generate(req)
+
+
+async def test_an_upgrade_never_gives_way_to_its_own_queued_request() -> None:
+    async with running_app(QueuesFirst(), **UPGRADE) as h:
+        h.engine.auto_serves = "fast"
+        for _ in range(2):
+            await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})
+        await _until(h, "upgraded", 1)
+        assert (await _outcomes(h))["yielded"] == 0
+
+
+async def test_regenerated_answers_do_not_make_a_line_hot() -> None:
+    async with running_app(**UPGRADE) as h:
+        h.engine.auto_serves = "fast"
+        for _ in range(3):
+            r = await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀", "regenerate": True})
+            assert r.status_code == 200
+        await asyncio.sleep(0.3)
+        assert metric(parse_metrics((await h.client.get("/metrics")).text), "chunlian_hot_lines") == 0.0
+        assert all(c.priority == "interactive" for c in h.engine.calls)  # no upgrade ran
+
+
+async def test_an_error_in_the_loop_does_not_end_the_upgrades(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with running_app(**UPGRADE) as h:
+        h.engine.auto_serves = "fast"
+        hot = h.runtime.service.hot
+        take, calls = hot.take, []
+
+        def flaky_take() -> object:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("a bug in the table")
+            return take()
+
+        monkeypatch.setattr(hot, "take", flaky_take)
+        for _ in range(2):
+            await h.client.post("/v1/couplets", json={"upper": "春回大地千山秀"})
+        await _until(h, "upgraded", 1)
+        assert len(calls) >= 2

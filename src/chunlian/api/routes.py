@@ -142,7 +142,8 @@ async def couplet_reply(
     if answer is None:
         answer = await generate_for_client(receive, svc, req, regenerate=body.regenerate,
                                            arrival_s=arrival_s)
-    return json_bytes(couplet_json(svc.count(answer, req), svc.model_tag, body.n))
+    # a regenerated answer is a fresh sample, not an ask of the line's answer
+    return json_bytes(couplet_json(svc.count(answer, None if body.regenerate else req), svc.model_tag, body.n))
 
 
 async def _couplet_route(body: CoupletIn | ComposeIn, request: Request) -> Response:
@@ -173,7 +174,7 @@ async def _batch_item(svc: CoupletService, item: object) -> dict[str, Any]:
         return error_body(code, message, field)
     except ChunlianError as e:
         return error_body(*describe(e))
-    return couplet_json(svc.count(answer, req), svc.model_tag, parsed.n)
+    return couplet_json(svc.count(answer, None if parsed.regenerate else req), svc.model_tag, parsed.n)
 
 
 @router.post("/v1/couplets/batch", response_model=BatchOut, tags=["couplets"],

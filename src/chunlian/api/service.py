@@ -67,6 +67,7 @@ class CoupletService:
         # live generations in flight, and what to call when one starts (the idle upgrade
         # gives way)
         self.live = 0
+        self.last_live_s = 0.0  # time.monotonic() when a live generation last started or ended
         self.on_live: Callable[[], None] | None = None
         # > 0: the engine has the quality modes, and composed couplets in best or auto are
         # written in two stages, the 上联 searched at this width (``engine.composed``)
@@ -177,12 +178,14 @@ class CoupletService:
 
     async def _generate(self, req: CoupletRequest, regenerate: bool) -> CoupletResult:
         self.live += 1
+        self.last_live_s = time.monotonic()
         if self.on_live is not None:
             self.on_live()
         try:
             return await self._generate_live(req, regenerate)
         finally:
             self.live -= 1
+            self.last_live_s = time.monotonic()
 
     async def _generate_live(self, req: CoupletRequest, regenerate: bool) -> CoupletResult:
         if regenerate:

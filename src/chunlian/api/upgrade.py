@@ -9,8 +9,9 @@ caches that answer under the best mode's key, in every store (in-process and Red
 every later lookup of the line, any quality, finds it first (``api.service.LOOKUP``).
 
 It never delays a live request: one upgrade runs at a time, and it is cancelled, its rows
-freed at the engine's next step, the moment a live generation starts in this service or a
-request waits in the engine's queue (jobs, another caller); its line goes back to the table.
+freed at the engine's next step, the moment a live generation starts in this service or
+another request waits in the engine's queue beside the upgrade's own (jobs, another caller);
+its line goes back to the table.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Literal
 
@@ -68,21 +70,28 @@ class IdleUpgrade:
             self._upgrade.cancel()
 
     def _idle(self) -> bool:
-        stats = self.service.engine.stats
-        return self.service.live == 0 and stats.queue_depth == 0 and stats.running == 0
+        """No live generation for ``idle_after_s``, and nothing queued or running in the engine."""
+        service, stats = self.service, self.service.engine.stats
+        quiet_s = time.monotonic() - service.last_live_s
+        return (service.live == 0 and quiet_s >= self.idle_after_s and stats.queue_depth == 0
+                and stats.running == 0 and getattr(service.engine, "running", True))
 
     def _busy(self) -> bool:
-        return self.service.live > 0 or self.service.engine.stats.queue_depth > 0
+        """Live work wants the engine: a live generation of this service, or a request
+        queued beside the upgrade's own (which waits in the queue for its batch too: one)."""
+        return self.service.live > 0 or self.service.engine.stats.queue_depth > 1
 
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.idle_after_s)
-            if not self._idle() or not getattr(self.service.engine, "running", True):
-                continue
-            line = self.hot.take()
-            if line is None:
-                continue
-            self._report(await self._upgrade_one(line))
+            try:
+                line = self.hot.take() if self._idle() else None
+                if line is not None:
+                    self._report(await self._upgrade_one(line))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never the end of the loop (a stats read, a metrics hook)
+                log.exception("idle upgrade loop error")
 
     async def _upgrade_one(self, line: HotLine) -> Outcome:
         """Upgrade ``line``, giving way to live work; what came of it."""
