@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -38,6 +37,7 @@ import httpx
 from quality_serving import Client, arrivals
 
 from chunlian.bench.common import percentile
+from chunlian.bench.promtext import metric, parse_metrics
 from chunlian.bench.sweep import run_server
 from chunlian.training.eval_run import read_eval_pairs
 
@@ -76,9 +76,9 @@ def latency(results: list[tuple[float, int, str]]) -> dict[str, Any]:
 
 
 def upgrade_counters(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    found = re.findall(r'^chunlian_idle_upgrades_total\{outcome="(\w+)"\} ([0-9.e+]+)$', text, re.M)
-    return {k: float(v) for k, v in found}
+    samples = parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
+    return {o: metric(samples, "chunlian_idle_upgrades_total", outcome=o)
+            for o in ("upgraded", "yielded", "skipped", "failed")}
 
 
 async def replay(url: str, trace: Trace, args: argparse.Namespace) -> dict[str, Any]:

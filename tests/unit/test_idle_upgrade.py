@@ -52,8 +52,14 @@ def test_a_full_table_forgets_the_least_asked_half() -> None:
     assert len(hot) <= 4
     line = hot.take()
     assert line is not None and line.key == "hot" and line.asked == 5
-    hot.upgraded("once9")
-    assert "once9" not in {h.key for h in [hot.take()] if h}
+
+
+def test_an_upgraded_line_is_no_longer_hot() -> None:
+    hot = HotLines()
+    for _ in range(2):
+        hot.asked("a", _req("a"))
+    hot.upgraded("a")
+    assert hot.pending == 0 and hot.take() is None
 
 
 @pytest.mark.parametrize("bad", [{"max_lines": 0}, {"min_asked": 0}])

@@ -62,8 +62,8 @@ class CoupletService:
                  hot: HotLines | None = None) -> None:
         self.engine = engine
         # the lines answered below the best mode, for the idle upgrade (``api.upgrade``);
-        # None: not noted
-        self.hot = hot if composed_width > 0 else None
+        # given only where the engine has the quality modes; None: not noted
+        self.hot = hot
         # live generations in flight, and what to call when one starts (the idle upgrade
         # gives way)
         self.live = 0
@@ -116,11 +116,7 @@ class CoupletService:
         key = self._key(req, "best")
         if await self.cache.contains(key):
             return False
-        best = replace(req, quality="best", priority="bulk", timeout_s=UPGRADE_TIMEOUT_S)
-        if wants_search(best):
-            result = await generate_composed(self.engine.generate, best, self.composed_width)
-        else:
-            result = await self.engine.generate(best)
+        result = await self._write(replace(req, quality="best", priority="bulk", timeout_s=UPGRADE_TIMEOUT_S))
         if result.served != "best":
             return False
         await self.cache.put(key, result)
@@ -191,12 +187,16 @@ class CoupletService:
         if regenerate:
             fresh = replace(req, params=replace(req.params, seed=secrets.randbits(31)))
             return await self.engine.generate(fresh)
-        if self._composed(req):
-            result = await generate_composed(self.engine.generate, req, self.composed_width)
-        else:
-            result = await self.engine.generate(req)
+        result = await self._write(req)
         await self.cache.put(self._key(req, result.served), result)
         return result
+
+    async def _write(self, req: CoupletRequest) -> CoupletResult:
+        """``req``'s answer from the engine: a composed couplet in two stages where the
+        quality modes write it (``_composed``), anything else as one request."""
+        if self._composed(req):
+            return await generate_composed(self.engine.generate, req, self.composed_width)
+        return await self.engine.generate(req)
 
     async def answer(
         self, req: CoupletRequest, *, regenerate: bool = False, arrival_s: float | None = None

@@ -27,9 +27,8 @@ from functools import lru_cache
 from chunlian.data.blocklist import Blocklist
 
 ANIMALS = "鼠牛虎兔龙蛇马羊猴鸡狗猪"  # 2020 was a Rat year
-# each animal's earthly branch: 辰年 is the Dragon's year as 龙年 is; 子 is left out, as 子年
-# is mostly 学子年年, 赤子年华
-BRANCHES = dict(zip(ANIMALS, " 丑寅卯辰巳午未申酉戌亥", strict=True))
+# each animal's earthly branch: 辰年 is the Dragon's year as 龙年 is
+BRANCHES = dict(zip(ANIMALS, "子丑寅卯辰巳午未申酉戌亥", strict=True))
 ALIASES = {"狗": "犬"}  # 犬年, 犬岁, 金犬 name the Dog's year too
 YEAR_PATTERNS = ("{}年", "{}岁", "金{}")
 
@@ -45,12 +44,19 @@ def campaign_year(today: dt.date) -> int:
     return today.year + 1 if today.month >= 6 else today.year
 
 
+def branch_years(animal_: str) -> list[str]:
+    """The term naming ``animal_``'s year by its earthly branch (辰年), none for the Rat's:
+    子年 is mostly 学子年年, 赤子年华."""
+    branch = BRANCHES[animal_]
+    return [] if branch == "子" else [branch + "年"]
+
+
 def off_year_terms(year: int) -> frozenset[str]:
     """Terms naming a zodiac year other than ``year``'s and the year before it, and the
     year before it greeted as the year (马岁: 欢送马年 -> 喜迎羊岁 stays, 马岁小康 does not)."""
     prev = animal(year - 1)
     names = [a for a in ANIMALS if a not in {animal(year), prev}]
-    branches = [BRANCHES[a] + "年" for a in names if BRANCHES[a] != " "]
+    branches = [t for a in names for t in branch_years(a)]
     names += [ALIASES[a] for a in names if a in ALIASES]
     greeted = [f"{prev}岁"] + ([f"{ALIASES[prev]}岁"] if prev in ALIASES else [])
     return frozenset([p.format(a) for a in names for p in YEAR_PATTERNS] + branches + greeted)
@@ -76,7 +82,7 @@ def composed_terms(year: int) -> frozenset[str]:
     prev = animal(year - 1)
     others = [a for a in ANIMALS if a != animal(year)]
     others += [ALIASES[a] for a in others if a in ALIASES]
-    terms = {p.format(prev) for p in YEAR_PATTERNS} | {BRANCHES[prev] + "年"}
+    terms = {p.format(prev) for p in YEAR_PATTERNS} | set(branch_years(prev))
     terms |= {p.format(a) for a in others for p in GREETING_PATTERNS}
     terms |= {e for a in others for e in EPITHETS.get(a, ())}
     return frozenset(terms)
