@@ -11,7 +11,8 @@ does: everyday lines through ``POST /v1/couplets``, names and keywords through `
 and request overrides: by default ``fast``, ``best`` and ``auto`` against one service (the
 one at ``--url``, else one started here for ``--model`` or the shipped weights); each
 ``--candidate PATH`` adds the same qualities served from other weights, labelled
-``<candidate-label>-<quality>``. A service started here runs ``chunlian serve`` on 127.0.0.1
+``<candidate-label>-<quality>`` (``--candidate-search PATH``: with their own search weights
+too). A service started here runs ``chunlian serve`` on 127.0.0.1
 with the result cache off, so that every system's answer is its own (a cached best answer
 answers fast and auto). ``auto`` is asked one request at a time: auto at light load. Every
 answer (status, ``served``, ``cached``, error code) goes to ``runs/blind/<name>/answers.jsonl``.
@@ -60,6 +61,7 @@ class System:
     overrides: dict[str, Any]
     url: str | None = None
     model: Path | None = None
+    search: Path | None = None  # the quality modes' search weights (None: the service's default)
     concurrency: int = 2
     answers: list[dict[str, Any]] = field(default_factory=list)
 
@@ -145,9 +147,9 @@ async def collect_system(system: System, inputs: list[tuple[str, str]], timeout_
 
 
 @contextmanager
-def served(model: Path | None, log: Path) -> Iterator[str]:
-    """``chunlian serve`` on a free loopback port for ``model`` (None: the shipped weights),
-    the result cache and warm-up off; yields its URL."""
+def served(model: Path | None, search: Path | None, log: Path) -> Iterator[str]:
+    """``chunlian serve`` on a free loopback port for ``model`` and the search weights
+    ``search`` (None: the shipped ones), the result cache and warm-up off; yields its URL."""
     from chunlian.bench.spawn import serving
     from chunlian.cluster.procs import free_port
 
@@ -158,6 +160,8 @@ def served(model: Path | None, log: Path) -> Iterator[str]:
     env.pop("CHUNLIAN_REDIS_URL", None)
     if model is not None:
         env["CHUNLIAN_MODEL_PATH"] = str(model)
+    if search is not None:
+        env["CHUNLIAN_SEARCH_MODEL_PATH"] = str(search)
     with serving([*argv, "serve", "--host", "127.0.0.1", "--port", str(port)], port,
                  what=f"chunlian serve ({model or 'shipped weights'})", limit_s=300.0,
                  env=env, log_path=log) as srv:
@@ -172,7 +176,8 @@ def systems_of(args: argparse.Namespace) -> list[System]:
     out = [System(q, {"quality": q}, url=args.url, model=args.model) for q in qualities]
     for n, path in enumerate(args.candidate):
         label = args.candidate_label + (str(n + 1) if len(args.candidate) > 1 else "")
-        out += [System(f"{label}-{q}", {"quality": q}, model=Path(path)) for q in qualities]
+        out += [System(f"{label}-{q}", {"quality": q}, model=Path(path),
+                       search=args.candidate_search) for q in qualities]
     for s in out:
         s.concurrency = 1 if s.overrides.get("quality") == "auto" else args.concurrency
         if args.timeout_ms:
@@ -188,13 +193,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"inputs": dict(Counter(k for k, _ in inputs)), "systems": {}}
     t_all = time.perf_counter()
     with ExitStack() as stack:
-        urls: dict[Path | None, str] = {}
+        urls: dict[tuple[Path | None, Path | None], str] = {}
         for s in systems:
             if s.url is None:
-                if s.model not in urls:
+                weights = (s.model, s.search)
+                if weights not in urls:
                     log = out_dir / f"serve-{len(urls)}.log"
-                    urls[s.model] = stack.enter_context(served(s.model, log))
-                s.url = urls[s.model]
+                    urls[weights] = stack.enter_context(served(*weights, log))
+                s.url = urls[weights]
             s.url = check_loopback(s.url)
             t0 = time.perf_counter()
             print(f"{s.label}: {len(inputs)} inputs at {s.url}", file=sys.stderr, flush=True)
@@ -215,7 +221,8 @@ def summary(s: System, seconds: float) -> dict[str, Any]:
     """Counts of one system's answers: served modes, errors by status and code, cache hits."""
     errors = Counter(f"{a['kind']} {a.get('status')} {a.get('code')}: {a.get('message')}"
                      for a in s.answers if not a["ok"])
-    return {"url": s.url, "model": s.model and str(s.model), "overrides": s.overrides,
+    return {"url": s.url, "model": s.model and str(s.model), "search": s.search and str(s.search),
+            "overrides": s.overrides,
             "seconds": round(seconds, 1), "answers": len(s.answers),
             "ok": sum(a["ok"] for a in s.answers),
             "served": dict(Counter(f"{a['kind']} {a.get('served')}" for a in s.answers if a["ok"])),
@@ -259,6 +266,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--model", type=Path, help="weights for the service started here")
     c.add_argument("--systems", default="fast,best,auto", help="qualities asked (default fast,best,auto)")
     c.add_argument("--candidate", action="append", default=[], help="other weights: adds the same qualities")
+    c.add_argument("--candidate-search", type=Path, help="the candidates' search weights (default: the shipped ones)")
     c.add_argument("--candidate-label", default="candidate")
     c.add_argument("--inputs", default="line,name,keyword", help="kinds of input (default all)")
     c.add_argument("--names", type=int, default=200, help="the most common N names (default 200)")

@@ -185,6 +185,17 @@ def test_default_systems_and_a_candidate() -> None:
     assert [s.concurrency for s in systems] == [2, 2, 1, 2, 2, 1]
     assert systems[0].url == "http://127.0.0.1:1" and systems[3].url is None
     assert systems[3].model == Path("w.safetensors")
+    assert all(s.search is None for s in systems)
+
+
+def test_a_candidate_with_its_own_search_weights() -> None:
+    args = br.parse_args(["collect", "--name", "x", "--systems", "fast,best",
+                          "--candidate", "w.safetensors", "--candidate-search", "r.safetensors"])
+    systems = br.systems_of(args)
+    assert [(s.label, s.model, s.search) for s in systems] == [
+        ("fast", None, None), ("best", None, None),
+        ("candidate-fast", Path("w.safetensors"), Path("r.safetensors")),
+        ("candidate-best", Path("w.safetensors"), Path("r.safetensors"))]
 
 
 def test_campaign_inputs() -> None:
