@@ -9,6 +9,12 @@ from __future__ import annotations
 
 from chunlian.text import checked_positions, is_han, tone_class
 
+# What the decoder enforces beyond these functions (``model.decoding``: the zodiac rule, the
+# banned terms, a composed couplet's rules) changes answers without a new model: this number
+# is part of every cache key (``Settings.rules_tag``), so that a deploy never serves answers
+# cached under older rules. Bump it with any such change.
+DECODING_RULES_VERSION = 2
+
 
 def last_han(line: str) -> str:
     """The line's last Han character ('' when it has none)."""

@@ -15,13 +15,25 @@ from chunlian.engine.request import SeqSpec
 from chunlian.engine.runner import ModelRunner
 from chunlian.errors import ConfigError
 from chunlian.model.checkpoint import LoadedModel, load_weights
-from chunlian.model.zodiac import animal, campaign_year, composed_terms, off_year_terms, with_zodiac
+from chunlian.model.zodiac import (
+    ANIMALS,
+    animal,
+    answering_animals,
+    campaign_year,
+    composed_terms,
+    off_year_terms,
+    stem_branch,
+    with_zodiac,
+)
+from chunlian.rules import DECODING_RULES_VERSION
 from tests.unit.runner_util import run_all
 
 # lines of the validation splits whose greedy 下联 names another year without the rule
 # (紫燕飞来寻玉兔 -> 红梅绽放醉金鸡, 玉兔迎春前景美 -> 金龙送岁小康宁, 龙年百卉齐争艳 ->
-# 蛇岁三春共享荣, 喜见羊年成骏业 -> 欣闻猴岁展宏图), and one whose 下联 names none
-UPPERS = ["紫燕飞来寻玉兔", "玉兔迎春前景美", "龙年百卉齐争艳", "喜见羊年成骏业", "龙门在望仙门近"]
+# 蛇岁三春共享荣, 喜见羊年成骏业 -> 欣闻猴岁展宏图, a visitor's 羊年吉祥喜洋洋 -> 猴日顺意福满满),
+# and one whose 下联 names none
+UPPERS = ["紫燕飞来寻玉兔", "玉兔迎春前景美", "龙年百卉齐争艳", "喜见羊年成骏业", "羊年吉祥喜洋洋",
+          "龙门在望仙门近"]
 
 
 @cache
@@ -31,6 +43,7 @@ def shipped() -> LoadedModel:
 
 def test_animals_of_years_and_the_campaign_year() -> None:
     assert [animal(y) for y in (2020, 2024, 2026, 2027, 2031)] == ["鼠", "龙", "马", "羊", "猪"]
+    assert [stem_branch(y) for y in (1984, 2016, 2026, 2027, 2043)] == ["甲子", "丙申", "丙午", "丁未", "癸亥"]
     assert campaign_year(dt.date(2026, 12, 1)) == 2027  # December: the coming one
     assert campaign_year(dt.date(2027, 1, 20)) == 2027  # before it (6 February 2027)
     assert campaign_year(dt.date(2027, 7, 1)) == 2028
@@ -42,8 +55,12 @@ def test_off_year_terms_spare_the_year_and_the_one_it_follows() -> None:
     assert not {"羊年", "羊岁", "金羊", "马年", "金马", "未年", "午年"} & terms  # 2027 Goat, 2026 Horse
     assert "马岁" in terms  # the year before may leave (马年), never be greeted as the year
     assert "子年" not in terms  # 学子年年
-    # ten animals and the Dog's alias, three patterns each; the branches of nine (not 子); 马岁
-    assert len(terms) == 3 * 11 + 9 + 1
+    # an 上联's 羊年 answered by another animal (猴日顺意, 迎虎之岁) or 丁未 by another year's name
+    assert {"猴日", "马日", "猴月", "虎之岁", "犬之年", "丙申", "甲申", "辛亥"} <= terms
+    assert not {"羊日", "羊月", "丁未", "丙午", "甲子"} & terms  # this year's; the previous name; 60 years
+    # ten animals and the Dog's alias, three patterns each; the branches of nine (not 子); 马岁;
+    # eleven animals and the alias, four pairings each; 60 stem-branch names less three
+    assert len(terms) == 3 * 11 + 9 + 1 + 4 * 12 + 57
     assert with_zodiac(default_blocklist(), None) is default_blocklist()
 
 
@@ -66,17 +83,27 @@ def test_generated_lines_name_no_other_year() -> None:
             assert f == r
 
 
+def test_an_upper_naming_the_year_gets_no_other_animal() -> None:
+    assert answering_animals("羊年吉祥喜洋洋", 2027) == frozenset("鼠牛虎兔龙蛇马猴鸡狗猪犬")
+    assert answering_animals("龙门在望仙门近", 2027) == frozenset()  # no 羊: free
+    assert answering_animals("羊年吉祥喜洋洋", None) == frozenset()  # no rule
+    ruled = dict(zip(UPPERS, _lowers(2027), strict=True))
+    # greedy without this ban: 猴日顺意福满满, and with the words alone banned, 猴棒发展看步步
+    lower = ruled["羊年吉祥喜洋洋"]
+    assert not set(lower) & set(ANIMALS.replace("羊", "")), lower
+
+
 def test_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CHUNLIAN_ZODIAC_YEAR", raising=False)
     assert load_settings().resolved_zodiac_year(dt.date(2026, 12, 1)) == 2027  # 0: auto
     monkeypatch.setenv("CHUNLIAN_ZODIAC_YEAR", "2028")
     s = load_settings()
-    assert s.resolved_zodiac_year() == 2028 and s.rules_tag == "zodiac=2028"
+    assert s.resolved_zodiac_year() == 2028 and s.rules_tag == f"rules={DECODING_RULES_VERSION};zodiac=2028"
     assert "猴年" not in s.generation_blocklist().terms  # 2028: Monkey
     assert "羊年" not in s.generation_blocklist().terms  # the year it follows
     monkeypatch.setenv("CHUNLIAN_ZODIAC_YEAR", "-1")
     s = load_settings()
-    assert s.resolved_zodiac_year() is None and s.rules_tag == ""
+    assert s.resolved_zodiac_year() is None and s.rules_tag == f"rules={DECODING_RULES_VERSION}"
     assert s.generation_blocklist() is default_blocklist()
     monkeypatch.setenv("CHUNLIAN_ZODIAC_YEAR", "1500")
     with pytest.raises(ConfigError, match="CHUNLIAN_ZODIAC_YEAR"):

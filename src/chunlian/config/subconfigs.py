@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import NoDecode
 
 from chunlian.omp import SpinPolicy, usable_cores
+from chunlian.rules import DECODING_RULES_VERSION
 from chunlian.types import BEST_SEARCH_ROWS
 from chunlian.validation import MAX_TIMEOUT_MS, MIN_TIMEOUT_MS
 
@@ -202,9 +203,11 @@ class EngineSettings(SubConfig):
 
     @property
     def rules_tag(self) -> str:
-        """What, besides the model and the request, decides an answer (part of cache keys)."""
+        """What, besides the model and the request, decides an answer (part of cache keys):
+        the decoding rules' version and the zodiac year."""
         year = self.resolved_zodiac_year()
-        return "" if year is None else f"zodiac={year}"
+        rules = f"rules={DECODING_RULES_VERSION}"
+        return rules if year is None else f"{rules};zodiac={year}"
 
     def resolved_torch_threads(self) -> int:
         """``torch_threads``, with 0 resolved to the machine's cores (at most 4)."""

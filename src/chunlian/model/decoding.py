@@ -42,7 +42,7 @@ from torch import Tensor
 from chunlian.data.blocklist import Blocklist
 from chunlian.model.styles import LEXICONS, STYLE_BIAS, STYLES
 from chunlian.model.tokenizer import Tokenizer
-from chunlian.model.zodiac import with_composed
+from chunlian.model.zodiac import answering_animals, with_composed
 from chunlian.names import (
     FESTIVE_BANNED_CHARS,
     FESTIVE_BANNED_TERMS,
@@ -89,6 +89,13 @@ def _roots(upper: str) -> tuple[int, ...]:
 @lru_cache(maxsize=4096)
 def _han_set(line: str) -> frozenset[str]:
     return frozenset(c for c in line if is_han(c))
+
+
+@lru_cache(maxsize=4096)
+def _lower_fixed(upper: str, zodiac_year: int | None) -> frozenset[str]:
+    """What no 下联 position of ``upper`` may write: its Han characters, and the other animals
+    when it names the year's (``zodiac.answering_animals``)."""
+    return _han_set(upper) | answering_animals(upper, zodiac_year)
 
 
 # What a 下联 position needs, fixed by the 上联 alone (``_lower_plan``): a forced copy of
@@ -192,8 +199,8 @@ class LineState:
         self, blocklist: Blocklist
     ) -> tuple[str | None, frozenset[str], set[str], int, bool]:
         """``next_rule`` with the bans in two parts: ``fixed``, a frozenset shared by every
-        step of the line (the 上联's Han characters; callers may cache per object), and
-        ``extra``, this step's own (characters used so far, blocklist completions)."""
+        step of the line (``_lower_fixed``: the 上联's Han characters; callers may cache per
+        object), and ``extra``, this step's own (characters used so far, blocklist completions)."""
         if self.phase == "upper":
             i = len(self.upper)
             if i in self.upper_forced:
@@ -226,7 +233,7 @@ class LineState:
         extra |= lookahead_banned(u, self.lower, self.lower_forced, blocklist)
         if self.named and j == 1 and 0 in self.lower_forced:
             extra |= banned_after_head(self.lower_forced[0])
-        return None, _han_set(u), extra, want, hard
+        return None, _lower_fixed(u, blocklist.zodiac_year), extra, want, hard
 
     def allowed_next(self) -> frozenset[str] | None:
         """Only these characters may come next (None: no such rule): the one after a name's

@@ -6,8 +6,15 @@ The corpora hold couplets written for many New Years, so the model happily write
 2027 campaign (the Goat's). So the terms that name a year by its animal - ``A年``, ``A岁``,
 the epithet ``金A`` and its earthly branch's year (辰年 for 龙年) - are banned in generated text
 for every animal but the campaign year's and the year it follows (辞旧迎新: 欢送马年 -> 喜迎羊岁);
-the year it follows is never greeted as the year (马岁, which blind readers reject). Through the
-same machinery as the safety blocklist (``model.decoding``: bans at every step, lookahead included).
+the year it follows is never greeted as the year (马岁, which blind readers reject). An 上联 that
+names the year (羊年吉祥喜洋洋) draws a 下联 that pairs 年 with 日 or 月 and 羊 with another
+animal (猴日顺意福满满, 迎虎之岁), or the year's stem-branch name with another year's (丁未 ->
+丙申): so ``A日``, ``A月``, ``A之岁``, ``A之年`` of every animal but the year's, and every
+stem-branch name but the year's, the previous one's and 甲子 (sixty years, a cycle), are banned
+too. Through the same machinery as the safety blocklist (``model.decoding``: bans at every step,
+lookahead included). Banned words alone move the animal elsewhere (猴日 -> 猴棒, 虎夜), so a
+下联 for an 上联 that holds the year's animal writes no other animal at all
+(``answering_animals``).
 
 A composed couplet (a name's, ``with_composed``) is stricter: it names the year only by its
 own animal. The previous year's animal may go (马去羊来) but is never the year's (马岁, 马年),
@@ -31,6 +38,9 @@ ANIMALS = "鼠牛虎兔龙蛇马羊猴鸡狗猪"  # 2020 was a Rat year
 BRANCHES = dict(zip(ANIMALS, "子丑寅卯辰巳午未申酉戌亥", strict=True))
 ALIASES = {"狗": "犬"}  # 犬年, 犬岁, 金犬 name the Dog's year too
 YEAR_PATTERNS = ("{}年", "{}岁", "金{}")
+# how a 下联 answers an 上联's 羊年 with another animal: every animal but the year's
+PAIRED_PATTERNS = ("{}日", "{}月", "{}之岁", "{}之年")
+STEMS = "甲乙丙丁戊己庚辛壬癸"
 
 
 def animal(year: int) -> str:
@@ -51,15 +61,33 @@ def branch_years(animal_: str) -> list[str]:
     return [] if branch == "子" else [branch + "年"]
 
 
+def stem_branch(year: int) -> str:
+    """The sexagenary name of the lunar year that starts in ``year`` (2027: 丁未)."""
+    return STEMS[(year - 4) % 10] + "子丑寅卯辰巳午未申酉戌亥"[(year - 4) % 12]
+
+
 def off_year_terms(year: int) -> frozenset[str]:
-    """Terms naming a zodiac year other than ``year``'s and the year before it, and the
-    year before it greeted as the year (马岁: 欢送马年 -> 喜迎羊岁 stays, 马岁小康 does not)."""
+    """Terms naming a zodiac year other than ``year``'s and the year before it, the year
+    before it greeted as the year (马岁: 欢送马年 -> 喜迎羊岁 stays, 马岁小康 does not), and
+    another animal or stem-branch name answering the year's (module docstring)."""
     prev = animal(year - 1)
     names = [a for a in ANIMALS if a not in {animal(year), prev}]
     branches = [t for a in names for t in branch_years(a)]
     names += [ALIASES[a] for a in names if a in ALIASES]
     greeted = [f"{prev}岁"] + ([f"{ALIASES[prev]}岁"] if prev in ALIASES else [])
-    return frozenset([p.format(a) for a in names for p in YEAR_PATTERNS] + branches + greeted)
+    others = [a for a in ANIMALS if a != animal(year)]
+    others += [ALIASES[a] for a in others if a in ALIASES]
+    paired = [p.format(a) for a in others for p in PAIRED_PATTERNS]
+    cycle = {stem_branch(y) for y in range(year, year + 60)} - {stem_branch(year), stem_branch(year - 1), "甲子"}
+    return frozenset([p.format(a) for a in names for p in YEAR_PATTERNS] + branches + greeted + paired + sorted(cycle))
+
+
+def answering_animals(upper: str, year: int | None) -> frozenset[str]:
+    """The animals a 下联 of ``upper`` may not write: every other one (and 犬) when ``upper``
+    holds ``year``'s animal, as one there pairs with it as another year; else none."""
+    if year is None or animal(year) not in upper:
+        return frozenset()
+    return frozenset(ANIMALS.replace(animal(year), "") + "".join(ALIASES.values()))
 
 
 @lru_cache(maxsize=8)  # one object per (list, year): its indexes (``model.decoding``) are built once
