@@ -35,7 +35,8 @@ from chunlian.data.blocklist import Blocklist
 
 ANIMALS = "鼠牛虎兔龙蛇马羊猴鸡狗猪"  # 2020 was a Rat year
 # each animal's earthly branch: 辰年 is the Dragon's year as 龙年 is
-BRANCHES = dict(zip(ANIMALS, "子丑寅卯辰巳午未申酉戌亥", strict=True))
+EARTHLY = "子丑寅卯辰巳午未申酉戌亥"
+BRANCHES = dict(zip(ANIMALS, EARTHLY, strict=True))
 ALIASES = {"狗": "犬"}  # 犬年, 犬岁, 金犬 name the Dog's year too
 YEAR_PATTERNS = ("{}年", "{}岁", "金{}")
 # how a 下联 answers an 上联's 羊年 with another animal: every animal but the year's
@@ -63,7 +64,7 @@ def branch_years(animal_: str) -> list[str]:
 
 def stem_branch(year: int) -> str:
     """The sexagenary name of the lunar year that starts in ``year`` (2027: 丁未)."""
-    return STEMS[(year - 4) % 10] + "子丑寅卯辰巳午未申酉戌亥"[(year - 4) % 12]
+    return STEMS[(year - 4) % 10] + EARTHLY[(year - 4) % 12]
 
 
 def off_year_terms(year: int) -> frozenset[str]:
@@ -87,7 +88,8 @@ def answering_animals(upper: str, year: int | None) -> frozenset[str]:
     holds ``year``'s animal, as one there pairs with it as another year; else none."""
     if year is None or animal(year) not in upper:
         return frozenset()
-    return frozenset(ANIMALS.replace(animal(year), "") + "".join(ALIASES.values()))
+    others = [a for a in ANIMALS if a != animal(year)]
+    return frozenset(others + [ALIASES[a] for a in others if a in ALIASES])
 
 
 @lru_cache(maxsize=8)  # one object per (list, year): its indexes (``model.decoding``) are built once
