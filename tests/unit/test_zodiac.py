@@ -88,6 +88,7 @@ def test_an_upper_naming_the_year_gets_no_other_animal() -> None:
     assert answering_animals("龙门在望仙门近", 2027) == frozenset()  # no 羊: free
     assert answering_animals("羊年吉祥喜洋洋", None) == frozenset()  # no rule
     assert "犬" not in answering_animals("狗年旺旺", 2030)  # the Dog's year: its alias is its own
+    assert "猴" in answering_animals("犬年大吉", 2030)  # ... and names the year as 狗 does
     ruled = dict(zip(UPPERS, _lowers(2027), strict=True))
     # greedy without this ban: 猴日顺意福满满, and with the words alone banned, 猴棒发展看步步
     lower = ruled["羊年吉祥喜洋洋"]

@@ -76,8 +76,8 @@ class CoupletService:
         self.on_answer = on_answer
         self.cache = cache
         self.default_timeout_s = default_timeout_s
-        # decoding rules beyond the model's (``Settings.rules_tag``: the zodiac year): an
-        # answer cached under one year's rules is no answer under another's
+        # decoding rules beyond the model's (``Settings.rules_tag``: their version and the
+        # zodiac year): an answer cached under other rules is no answer under these
         self.rules_tag = rules_tag
 
     def _key(self, req: CoupletRequest, served: Served) -> str:

@@ -1,8 +1,8 @@
 """Cache keys: ``chunlian:v1:`` + SHA-256 of everything that determines an answer.
 
 Hashed material: the model tag (name and version: ``LoadedModel.tag``; for a searched
-answer, best or good, the search weights' tag too, and the decoding rules' version and zodiac
-year: ``api.service``, ``Settings.rules_tag``), the normalised 上联 / heads / keyword,
+answer, best or good, the search weights' tag too; for every answer the decoding rules'
+version and zodiac year, ``Settings.rules_tag``: ``api.service``), the normalised 上联 / heads / keyword,
 the length, the style, the decoding parameters and the seed, and the mode that served the
 answer (``engine.tiers``; a fast answer's key leaves it out). The request's ``quality`` is
 not hashed: it decides which keys a lookup tries (``api.service``). Greedy requests hash their

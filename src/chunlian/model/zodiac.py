@@ -86,7 +86,7 @@ def off_year_terms(year: int) -> frozenset[str]:
 def answering_animals(upper: str, year: int | None) -> frozenset[str]:
     """The animals a 下联 of ``upper`` may not write: every other one (and 犬) when ``upper``
     holds ``year``'s animal, as one there pairs with it as another year; else none."""
-    if year is None or animal(year) not in upper:
+    if year is None or not {animal(year), ALIASES.get(animal(year))} & set(upper):
         return frozenset()
     others = [a for a in ANIMALS if a != animal(year)]
     return frozenset(others + [ALIASES[a] for a in others if a in ALIASES])
