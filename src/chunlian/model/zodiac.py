@@ -62,6 +62,12 @@ def branch_years(animal_: str) -> list[str]:
     return [] if branch == "子" else [branch + "年"]
 
 
+def other_animals(year: int) -> list[str]:
+    """Every animal but ``year``'s, with the aliases of those (犬 unless it is the Dog's year)."""
+    others = [a for a in ANIMALS if a != animal(year)]
+    return others + [ALIASES[a] for a in others if a in ALIASES]
+
+
 def stem_branch(year: int) -> str:
     """The sexagenary name of the lunar year that starts in ``year`` (2027: 丁未)."""
     return STEMS[(year - 4) % 10] + EARTHLY[(year - 4) % 12]
@@ -76,9 +82,7 @@ def off_year_terms(year: int) -> frozenset[str]:
     branches = [t for a in names for t in branch_years(a)]
     names += [ALIASES[a] for a in names if a in ALIASES]
     greeted = [f"{prev}岁"] + ([f"{ALIASES[prev]}岁"] if prev in ALIASES else [])
-    others = [a for a in ANIMALS if a != animal(year)]
-    others += [ALIASES[a] for a in others if a in ALIASES]
-    paired = [p.format(a) for a in others for p in PAIRED_PATTERNS]
+    paired = [p.format(a) for a in other_animals(year) for p in PAIRED_PATTERNS]
     cycle = {stem_branch(y) for y in range(year, year + 60)} - {stem_branch(year), stem_branch(year - 1), "甲子"}
     return frozenset([p.format(a) for a in names for p in YEAR_PATTERNS] + branches + greeted + paired + sorted(cycle))
 
@@ -88,8 +92,7 @@ def answering_animals(upper: str, year: int | None) -> frozenset[str]:
     holds ``year``'s animal, as one there pairs with it as another year; else none."""
     if year is None or not {animal(year), ALIASES.get(animal(year))} & set(upper):
         return frozenset()
-    others = [a for a in ANIMALS if a != animal(year)]
-    return frozenset(others + [ALIASES[a] for a in others if a in ALIASES])
+    return frozenset(other_animals(year))
 
 
 @lru_cache(maxsize=8)  # one object per (list, year): its indexes (``model.decoding``) are built once
@@ -110,8 +113,7 @@ def composed_terms(year: int) -> frozenset[str]:
     """Terms a composed couplet for ``year`` may not write beyond ``off_year_terms``: the
     previous year's animal as the year, and every other animal greeting it."""
     prev = animal(year - 1)
-    others = [a for a in ANIMALS if a != animal(year)]
-    others += [ALIASES[a] for a in others if a in ALIASES]
+    others = other_animals(year)
     terms = {p.format(prev) for p in YEAR_PATTERNS} | set(branch_years(prev))
     terms |= {p.format(a) for a in others for p in GREETING_PATTERNS}
     terms |= {e for a in others for e in EPITHETS.get(a, ())}
